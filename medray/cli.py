@@ -1,0 +1,46 @@
+"""`medray` command line. Heavy imports (torch, ray) happen inside the commands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(
+    help="Fine-tune, serve and evaluate LLMs on medical QA benchmarks, on Ray.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+# --- data (lead) ---
+from medray.data.commands import data_app  # noqa: E402
+
+app.add_typer(data_app, name="data")
+
+
+@app.command()
+def demo(
+    output: Path = typer.Option(Path("runs/demo"), help="where the demo writes everything"),
+    seed: int = typer.Option(0, help="seed of the synthetic data"),
+) -> None:
+    """Run the embedded default on synthetic data (local Ray, tiny model)."""
+    from medray.demo import run_demo
+
+    run_demo(output, seed=seed)
+
+
+# --- metrics and baselines (issue 3) ---
+
+# --- models and training (issue 4) ---
+
+# --- tuning (issue 5) ---
+
+# --- serving, evaluation, reports (issue 6) ---
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

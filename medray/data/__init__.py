@@ -1,0 +1,1 @@
+"""Benchmark loaders, synthetic generators and the prepared-dataset format."""

@@ -1,0 +1,145 @@
+"""`medray data ...`: synth, prepare, stats, prompt."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+data_app = typer.Typer(help="Synthesise, prepare and inspect benchmark data.",
+                       no_args_is_help=True)
+
+DatasetOpt = Annotated[str, typer.Option("--dataset", "-d",
+                                         help="medqaro | robiology | europemedqa")]
+
+
+def fail(message: str) -> typer.Exit:
+    """Print an error for the user and return the exit (status 2: bad input)."""
+    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
+    return typer.Exit(2)
+
+
+def _check_dataset(dataset: str) -> None:
+    from medray.data.prepare import DATASETS
+
+    if dataset not in DATASETS:
+        raise fail(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
+
+
+@data_app.command()
+def synth(
+    dataset: DatasetOpt,
+    out: Annotated[Path, typer.Option(help="directory for the raw files")],
+    seed: int = 0,
+    scale: Annotated[str, typer.Option(help="small | paper")] = "small",
+) -> None:
+    """Write deterministic synthetic data in the benchmark's released raw format."""
+    _check_dataset(dataset)
+    from medray.data import synth as generators
+
+    if scale not in generators.SCALES:
+        raise fail(f"--scale {scale!r}: expected one of {', '.join(generators.SCALES)}")
+    write = getattr(generators, f"write_{dataset}")
+    path = write(out, seed=seed, scale=scale)
+    typer.echo(f"wrote synthetic {dataset} (seed {seed}, scale {scale}) to {path}")
+
+
+@data_app.command()
+def prepare(
+    dataset: DatasetOpt,
+    input: Annotated[Path, typer.Option("--input", "-i", help="raw file or directory")],
+    out: Annotated[Path, typer.Option(help="prepared dataset directory")],
+    compat: Annotated[str | None, typer.Option(
+        help="'medqaro': reproduce the reference's newline deletion (glues words)")] = None,
+    shuffle: Annotated[bool, typer.Option(
+        help="EuropeMedQA: permute options per item (protocol, seed 42)")] = True,
+    seed: int = 42,
+) -> None:
+    """Validate and normalise raw files into one Arrow schema (Parquet)."""
+    _check_dataset(dataset)
+    from medray.data.prepare import prepare as run_prepare
+    from medray.data.schema import DataError
+    from medray.data.stats import compute_stats, letter_shares
+
+    if not input.exists():
+        raise fail(f"--input {input}: no such file or directory")
+    try:
+        data = run_prepare(dataset, input, out, compat=compat, shuffle=shuffle, seed=seed)
+    except DataError as err:
+        raise fail(str(err)) from None
+    stats = compute_stats(data)
+    typer.echo(f"prepared {dataset} -> {out} ({stats['examples']} examples)")
+    for split, n in stats["splits"].items():
+        extra = f", {stats['patients'][split]} patients" if "patients" in stats else ""
+        typer.echo(f"  {split}: {n} examples{extra}")
+    if "contexts" in stats:
+        typer.echo(f"  contexts stored once: {stats['contexts']}"
+                   f" (compat: {data.manifest['compat'] or 'none'})")
+    if dataset == "europemedqa":
+        removed = data.manifest["removed"]["no_validated_key"]
+        shuffled = f"on (seed {seed})" if shuffle else "off"
+        typer.echo(f"  removed without a validated key: {removed}; option shuffle {shuffled}")
+        typer.echo(f"  key letters over single-answer items: {stats['answer_letters']} "
+                   f"shares {letter_shares(stats['answer_letters'])}")
+
+
+@data_app.command()
+def stats(
+    directory: Annotated[Path, typer.Argument(help="prepared dataset directory")],
+    tokenizer: Annotated[str | None, typer.Option(help="count context tokens with this "
+                                                  "tokenizer (hub id or path)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object")] = False,
+) -> None:
+    """Counts per split, patients, contexts, answer letters and lengths."""
+    from medray.data.prepared import load_prepared
+    from medray.data.stats import compute_stats, to_json
+
+    try:
+        data = load_prepared(directory)
+    except FileNotFoundError as err:
+        raise fail(str(err)) from None
+    tok = None
+    if tokenizer:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+    result = compute_stats(data, tok)
+    if as_json:
+        typer.echo(to_json(result))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{result['dataset']} ({result['kind']}) — {directory}")
+    table.add_column("statistic")
+    table.add_column("value")
+    for key, value in result.items():
+        if key not in ("dataset", "kind"):
+            table.add_row(key, str(value))
+    Console().print(table)
+
+
+@data_app.command()
+def prompt(
+    directory: Annotated[Path, typer.Argument(help="prepared dataset directory")],
+    id: Annotated[str, typer.Option("--id", help="example id, e.g. test:12")],
+    format: Annotated[str, typer.Option("--format", help="qea | eqa (MedQARo)")] = "qea",
+    context_tokens: Annotated[int | None, typer.Option(
+        help="MedQARo: trim the epicrisis so the prompt fits N tokens")] = None,
+    tokenizer: Annotated[str | None, typer.Option(
+        help="tokenizer for --context-tokens (hub id or path); default: whitespace words")] = None,
+    shots: Annotated[int, typer.Option(help="RoBiology: 0, 1, 3 or 5 examples")] = 0,
+) -> None:
+    """Print the rendered prompt of one example, exactly as training and serving see it."""
+    from medray.data.prepared import load_prepared
+    from medray.data.render import render_example
+
+    try:
+        data = load_prepared(directory)
+        text = render_example(data, id, fmt=format, context_tokens=context_tokens,
+                              tokenizer=tokenizer, shots=shots)
+    except (KeyError, ValueError, FileNotFoundError) as err:
+        raise fail(str(err).strip("'\"")) from None
+    sys.stdout.write(text + "\n")

@@ -1,0 +1,219 @@
+"""EuropeMedQA loader: the protocol's table (CSV/XLSX) or the public JSON form.
+
+Pre-processing per the protocol: items without a validated key are removed (counted and
+reported); each item's options are permuted with seed 42 and the key updated, so that
+the key positions are about uniform; ids are unified and the original id is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import re
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from medray.data.schema import LETTERS, MCQ_SCHEMA, DataError
+from medray.text import normalize
+
+DATASET = "europemedqa"
+SHUFFLE_SEED = 42
+COUNTRIES = {"IT": ("it", "SSM"), "FR": ("fr", "ECN"), "ES": ("es", "MIR"), "PT": ("pt", "PNA")}
+TABLE_REQUIRED = ("questionID", "question_text", "option_a", "option_b", "correct_option")
+OPTION_COLUMNS = tuple(f"option_{c}" for c in "abcde")
+NO_VALUE = {"", "n/a", "na", "none", "nan", "-"}
+_LETTER_KEY = re.compile(r"^[A-E](\s*[,;/ ]?\s*[A-E])*$")
+
+
+def _blank(value: object) -> bool:
+    return value is None or str(value).strip().lower() in NO_VALUE
+
+
+def permutation(item_id: str, n_options: int, seed: int = SHUFFLE_SEED) -> list[int]:
+    """The item's option order after shuffling: keyed by (seed, id), so the same id gets
+    the same permutation on every run, machine and subset, whatever the row order."""
+    digest = hashlib.sha256(f"{seed}:{item_id}".encode()).digest()
+    order = list(range(n_options))
+    random.Random(int.from_bytes(digest[:8], "big")).shuffle(order)
+    return order
+
+
+def _country(item_id: str) -> str:
+    return item_id[:2].upper()
+
+
+class _Item:
+    """One parsed item before shuffling; `key` is None when the item has no validated key."""
+
+    def __init__(self, file: str, row: int, original_id: str, question: str,
+                 options: list[str], key: list[str] | None, images: list[str],
+                 language: str | None, meta: dict) -> None:
+        self.file, self.row, self.original_id = file, row, original_id
+        self.question, self.options, self.key, self.images = question, options, key, images
+        self.language, self.meta = language, meta
+
+
+def _parse_key(file: str, row: int, original_id: str, raw: object, fulltext: object,
+               options: list[str]) -> list[str] | None:
+    if _blank(raw):
+        return None
+    text = str(raw).strip()
+    labels = LETTERS[: len(options)]
+    if _LETTER_KEY.match(text.upper()):
+        letters = sorted(set(re.findall(r"[A-E]", text.upper())))
+        bad = [c for c in letters if c not in labels]
+        if bad:
+            raise DataError(file, row, "correct_option", f"item {original_id}: answer key "
+                            f"{text!r} is not among the options ({', '.join(labels)})")
+        return letters
+    # The protocol's table may carry the correct option's full text instead of a letter.
+    for candidate in (text, fulltext):
+        if not _blank(candidate):
+            norm = normalize(str(candidate)).casefold()
+            hits = [labels[i] for i, o in enumerate(options) if normalize(o).casefold() == norm]
+            if hits:
+                return hits
+    return None
+
+
+def _resolve_images(file: str, row: int, original_id: str, links: list[str],
+                    base: Path) -> list[str]:
+    paths = []
+    for link in links:
+        path = (base / link).resolve()
+        if not path.is_file():
+            raise DataError(file, row, "picture_link",
+                            f"item {original_id}: image {link!r} not found (looked at {path})")
+        paths.append(str(path))
+    return paths
+
+
+def _read_table(path: Path) -> list[_Item]:
+    if path.suffix.lower() in (".xlsx", ".xls"):
+        frame = pd.read_excel(path, dtype=str, keep_default_na=False)
+    else:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    missing = [c for c in TABLE_REQUIRED if c not in frame.columns]
+    if missing:
+        raise DataError(str(path), None, missing[0], "required column is missing")
+    items = []
+    for row, record in enumerate(frame.to_dict("records"), start=1):
+        original_id = str(record["questionID"]).strip()
+        for field in ("questionID", "question_text"):
+            if _blank(record[field]):
+                raise DataError(str(path), row, field, "missing or empty")
+        options = [str(record[c]) for c in OPTION_COLUMNS if c in record and not _blank(record[c])]
+        if len(options) < 2:
+            raise DataError(str(path), row, "option_b", f"item {original_id}: fewer than 2 options")
+        key = _parse_key(str(path), row, original_id, record["correct_option"],
+                         record.get("correct_fulltext"), options)
+        links = [] if _blank(record.get("picture_link")) else [
+            p.strip() for p in str(record["picture_link"]).split(";") if p.strip()]
+        if str(record.get("picture_provided", "")).strip().lower() in ("yes", "si", "sì", "oui",
+                                                                       "sim", "true", "1"):
+            if not links:
+                raise DataError(str(path), row, "picture_link",
+                                f"item {original_id}: picture_provided is yes but no link")
+        images = _resolve_images(str(path), row, original_id, links, path.parent)
+        meta = {"test_year": record.get("testyear") or None,
+                "number_in_test": record.get("numberintest") or None}
+        items.append(_Item(str(path), row, original_id, record["question_text"], options, key,
+                           images, record.get("language") or None, meta))
+    return items
+
+
+def _read_json(path: Path) -> list[_Item]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise DataError(str(path), None, None, f"invalid JSON: {err}") from err
+    if not isinstance(data, list):
+        raise DataError(str(path), None, None, "expected a JSON list of questions")
+    items = []
+    for row, record in enumerate(data, start=1):
+        for field in ("id", "question", "options"):
+            if not record.get(field):
+                raise DataError(str(path), row, field, "missing or empty")
+        original_id = str(record["id"]).strip()
+        options = [str(o["text"]) for o in record["options"]]
+        letters = [str(o.get("letter", LETTERS[i])).upper() for i, o in
+                   enumerate(record["options"])]
+        if letters != list(LETTERS[: len(options)]):
+            raise DataError(str(path), row, "options", f"item {original_id}: option letters "
+                            f"{letters} are not A, B, C, ... in order")
+        metadata = record.get("metadata") or {}
+        answer = record.get("correct_answer") or {}
+        key = None if metadata.get("nullified") else _parse_key(
+            str(path), row, original_id, answer.get("letter"), None, options)
+        links = record.get("images") or record.get("image_paths") or []
+        if record.get("has_image") and not links:
+            raise DataError(str(path), row, "has_image",
+                            f"item {original_id}: has_image is true but no image path is given")
+        images = _resolve_images(str(path), row, original_id, list(links), path.parent)
+        meta = {"test_year": metadata.get("test_year"),
+                "number_in_test": metadata.get("number_in_test"),
+                "specialty": record.get("specialty")}
+        items.append(_Item(str(path), row, original_id, record["question"], options, key,
+                           images, record.get("language"), meta))
+    return items
+
+
+def _files(root: Path) -> list[Path]:
+    if root.is_file():
+        return [root]
+    files = sorted(p for p in root.iterdir() if p.suffix.lower() in (".csv", ".xlsx", ".json"))
+    if not files:
+        raise DataError(str(root), None, None, "no EuropeMedQA .csv/.xlsx/.json file found")
+    return files
+
+
+def load(input_path: str | Path, shuffle: bool = True,
+         seed: int = SHUFFLE_SEED) -> tuple[pa.Table, dict]:
+    rows, removed, seen = [], [], {}
+    for path in _files(Path(input_path)):
+        parsed = _read_json(path) if path.suffix.lower() == ".json" else _read_table(path)
+        for item in parsed:
+            unified = normalize(item.original_id).upper().replace(" ", "")
+            if unified in seen:
+                raise DataError(item.file, item.row, "questionID", f"duplicate id {unified!r} "
+                                f"(first at {seen[unified][0]}, row {seen[unified][1]})")
+            seen[unified] = (item.file, item.row)
+            if item.key is None:
+                removed.append(unified)
+                continue
+            rows.append(_to_row(item, unified, shuffle, seed))
+    if not rows:
+        raise DataError(str(input_path), None, "correct_option", "no item has a validated key")
+    manifest = {
+        "dataset": DATASET, "kind": "mcq", "compat": None,
+        "shuffle": {"enabled": shuffle, "seed": seed,
+                    "method": "per-item permutation seeded by sha256(f'{seed}:{id}')"},
+        "removed": {"no_validated_key": len(removed), "ids": removed},
+    }
+    return pa.Table.from_pylist(rows, schema=MCQ_SCHEMA), manifest
+
+
+def _to_row(item: _Item, unified: str, shuffle: bool, seed: int) -> dict:
+    n = len(item.options)
+    order = permutation(unified, n, seed) if shuffle else list(range(n))
+    labels = LETTERS[:n]
+    new_label = {labels[old]: labels[new] for new, old in enumerate(order)}
+    country = _country(unified)
+    language, source = COUNTRIES.get(country, ("und", "unknown"))
+    # France's ECN admits several correct options: its items are all-correct "multiple".
+    kind = "multiple" if country == "FR" or len(item.key) > 1 else "single"
+    meta = {**item.meta, "original_id": item.original_id, "original_answer": item.key,
+            "permutation": [labels[old] for old in order], "has_image": bool(item.images),
+            "country": country}
+    return {
+        "id": unified, "dataset": DATASET, "split": "test",
+        "language": item.language or language, "source": source,
+        "question": normalize(item.question),
+        "options": [{"label": labels[new], "text": normalize(item.options[old])}
+                    for new, old in enumerate(order)],
+        "answer": sorted(new_label[k] for k in item.key),
+        "kind": kind, "images": item.images, "meta": json.dumps(meta, ensure_ascii=False),
+    }

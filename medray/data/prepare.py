@@ -1,0 +1,43 @@
+"""`medray data prepare`: any benchmark's raw files -> one prepared directory."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pyarrow as pa
+
+from medray import __version__
+from medray.data import europemedqa, medqaro, robiology
+from medray.data.prepared import PreparedData, load_prepared, write_prepared
+
+DATASETS = ("medqaro", "robiology", "europemedqa")
+
+
+def prepare(
+    dataset: str,
+    input_path: str | Path,
+    out: str | Path,
+    *,
+    compat: str | None = None,
+    shuffle: bool = True,
+    seed: int = europemedqa.SHUFFLE_SEED,
+) -> PreparedData:
+    """Validate, normalise and write `out` atomically; raises DataError on bad input."""
+    contexts: pa.Table | None = None
+    if dataset == "medqaro":
+        examples, contexts, manifest = medqaro.load(input_path, compat=compat)
+    elif dataset == "robiology":
+        examples, manifest = robiology.load(input_path)
+    elif dataset == "europemedqa":
+        examples, manifest = europemedqa.load(input_path, shuffle=shuffle, seed=seed)
+    else:
+        raise ValueError(f"unknown dataset {dataset!r}; expected one of {DATASETS}")
+    splits = Counter(examples.column("split").to_pylist())
+    manifest.update(
+        source=str(Path(input_path).resolve()),
+        splits=dict(sorted(splits.items())),
+        created_by=f"medray {__version__}",
+    )
+    write_prepared(out, manifest, examples, contexts)
+    return load_prepared(out)

