@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-if not SHARED_DATA.exists():  # CI lays shared/ beside the clone
-    SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# shared/ lies beside the repository (here and in CI); MEDRAY_SHARED_DATA overrides it.
+SHARED_DATA = Path(
+    os.environ.get("MEDRAY_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")
+)
 
 # Keep every test offline and quiet.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
