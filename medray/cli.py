@@ -30,6 +30,10 @@ def demo(
 
 
 # --- metrics and baselines (issue 3) ---
+from medray.eval.commands import baseline, score  # noqa: E402
+
+app.command()(score)
+app.command()(baseline)
 
 # --- models and training (issue 4) ---
 

@@ -1,0 +1,1 @@
+"""Evaluation: metrics (generative + multiple choice), baselines, scoring with CIs."""
