@@ -36,10 +36,30 @@ app.command()(score)
 app.command()(baseline)
 
 # --- models and training (issue 4) ---
+from medray.train import commands as _train_cmds  # noqa: E402  (typer only; no torch/ray)
+
+app.add_typer(_train_cmds.model_app, name="model")
+app.command("train")(_train_cmds.train)
+app.command("export")(_train_cmds.export)
 
 # --- tuning (issue 5) ---
+from medray.tune.commands import tune as _tune_cmd  # noqa: E402  (typer only; no ray)
+
+app.command("tune")(_tune_cmd)
 
 # --- serving, evaluation, reports (issue 6) ---
+from medray.eval.run_commands import eval_cmd, report_cmd, serve_cmd  # noqa: E402
+
+app.command("serve")(serve_cmd)
+app.command("eval")(eval_cmd)
+app.command("report")(report_cmd)
+
+# --- API baselines (issue 7) ---
+from medray.eval.api_commands import ensemble, eval_api, translate  # noqa: E402
+
+app.command(name="eval-api")(eval_api)
+app.command()(ensemble)
+app.command()(translate)
 
 
 def main() -> None:

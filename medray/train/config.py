@@ -1,0 +1,205 @@
+"""Training configuration: pydantic models, YAML loading, `key=value` overrides.
+
+Unknown keys are rejected everywhere (`extra="forbid"`), so a typo fails before any worker
+starts with the dotted key in the message. Defaults are the papers' recipe (LoRA r=8,
+alpha=16, dropout 0.05, lr 2e-5, 100 warm-up steps, batch 1 x accumulation 8, 3 epochs,
+bf16) — see ../shared/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ConfigError(ValueError):
+    """A bad config: names the file and the dotted key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class ModelConfig(_Strict):
+    name_or_path: str
+    dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
+    trust_remote_code: bool = False
+    gradient_checkpointing: bool = False
+
+
+class LoraConfig(_Strict):
+    r: int = Field(8, ge=1)
+    alpha: int = Field(16, ge=1)
+    dropout: float = Field(0.05, ge=0.0, lt=1.0)
+    # "auto": the papers' attention projections per architecture (q,k,v,o; Phi: qkv,o).
+    target_modules: list[str] | Literal["auto", "all-linear"] = "auto"
+
+
+class DataConfig(_Strict):
+    path: str
+    train_split: str = "train"
+    val_split: str = "val"
+    prompt_format: Literal["qea", "eqa"] = "qea"
+    context_tokens: int = Field(2048, ge=8)
+    mode: Literal["trim", "chunks"] = "trim"
+    batching: Literal["pad", "group", "pack"] = "pad"
+    group_window: int = Field(16, ge=1)
+    max_train_examples: int | None = Field(None, ge=1)
+    max_val_examples: int | None = Field(None, ge=1)
+    # Fixed validation subset answered greedily each epoch and scored by F1/EM.
+    val_generate_examples: int = Field(32, ge=0)
+    max_new_tokens: int = Field(10, ge=1)  # reference generation setting
+    shuffle_buffer: int = Field(256, ge=0)
+    tokenize_actors: int = Field(2, ge=1)
+
+
+class OptimConfig(_Strict):
+    lr: float = Field(2e-5, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(100, ge=0)
+    scheduler: Literal["cosine", "linear", "constant"] = "cosine"
+    micro_batch_size: int = Field(1, ge=1)
+    grad_accum: int = Field(8, ge=1)
+    epochs: int = Field(3, ge=1)
+    max_steps: int | None = Field(None, ge=1)  # optimiser steps; caps the schedule
+    grad_clip: float = Field(1.0, ge=0)
+    seed: int = 42
+
+
+class DeepSpeedConfig(_Strict):
+    stage: Literal[0, 1, 2, 3] = 2
+    offload_optimizer: bool = False
+    offload_params: bool = False  # ZeRO-3 only
+
+    @model_validator(mode="after")
+    def _offload(self) -> DeepSpeedConfig:
+        if self.offload_params and self.stage != 3:
+            raise ValueError("deepspeed.offload_params needs deepspeed.stage 3")
+        if self.offload_optimizer and self.stage == 0:
+            raise ValueError("deepspeed.offload_optimizer needs deepspeed.stage >= 1")
+        return self
+
+
+class ScalingConfig(_Strict):
+    num_workers: int = Field(2, ge=1)
+    use_gpu: bool = False
+    cpus_per_worker: float = Field(1, gt=0)
+
+
+class CheckpointConfig(_Strict):
+    every_steps: int | None = Field(None, ge=1)  # optimiser steps; also at each epoch end
+    num_to_keep: int = Field(2, ge=1)
+    metric: str = "val_loss"
+    mode: Literal["min", "max"] = "min"
+    export: Literal["best", "last"] = "best"
+
+
+class FaultConfig(_Strict):
+    max_failures: int = Field(0, ge=-1)
+    # Test hook: worker `kill_rank` calls os._exit at optimiser step `kill_at_step`, once
+    # (a marker file records that it happened, so the restarted worker carries on).
+    kill_rank: int | None = None
+    kill_at_step: int | None = None
+    kill_marker: str | None = None
+
+
+class TrainConfig(_Strict):
+    model: ModelConfig
+    lora: LoraConfig = LoraConfig()
+    data: DataConfig
+    optim: OptimConfig = OptimConfig()
+    deepspeed: DeepSpeedConfig = DeepSpeedConfig()
+    scaling: ScalingConfig = ScalingConfig()
+    checkpoint: CheckpointConfig = CheckpointConfig()
+    fault: FaultConfig = FaultConfig()
+    name: str = "medray-finetune"
+
+
+# ----------------------------------------------------------------------- loading
+
+
+def parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} is not key=value")
+    key, raw = item.split("=", 1)
+    if not key or any(not p for p in key.split(".")):
+        raise ConfigError(f"override {item!r}: bad key {key!r}")
+    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
+
+
+def apply_overrides(raw: dict, overrides: list[str]) -> dict:
+    for item in overrides:
+        path, value = parse_override(item)
+        node = raw
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {item!r}: {part!r} is not a section")
+        node[path[-1]] = value
+    return raw
+
+
+def _format_errors(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        if err["type"] == "extra_forbidden":
+            lines.append(f"{source}: unknown key '{key}'")
+        elif err["type"] == "missing":
+            lines.append(f"{source}: missing key '{key}'")
+        else:
+            lines.append(f"{source}: '{key}': {err['msg']} (got {err.get('input')!r})")
+    return "\n".join(lines)
+
+
+def validate_config(raw: dict, source: str = "<config>") -> TrainConfig:
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, source)) from None
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
+    """Read YAML, apply dotted `key=value` overrides, validate; relative paths -> config dir."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} not found")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    raw = apply_overrides(raw, overrides or [])
+    return validate_config(raw, str(path))
+
+
+def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed JSON config generated from ours (the optimiser is passed separately)."""
+    zero: dict[str, Any] = {"stage": cfg.deepspeed.stage}
+    if cfg.deepspeed.stage >= 2:
+        zero.update(overlap_comm=False, contiguous_gradients=True)
+    if cfg.deepspeed.offload_optimizer:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": cfg.scaling.use_gpu}
+    if cfg.deepspeed.offload_params:
+        zero["offload_param"] = {"device": "cpu", "pin_memory": cfg.scaling.use_gpu}
+    ds: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": cfg.optim.micro_batch_size,
+        "gradient_accumulation_steps": cfg.optim.grad_accum,
+        "train_batch_size": cfg.optim.micro_batch_size * cfg.optim.grad_accum * world_size,
+        "gradient_clipping": cfg.optim.grad_clip,
+        "zero_optimization": zero,
+        "bf16": {"enabled": cfg.model.dtype == "bf16"},
+        "fp16": {"enabled": cfg.model.dtype == "fp16"},
+        "steps_per_print": 10**9,  # our own progress bar reports
+        "wall_clock_breakdown": False,
+    }
+    if cfg.deepspeed.offload_optimizer:
+        # A torch optimiser on offloaded states: DeepSpeed would otherwise insist on CPUAdam.
+        ds["zero_force_ds_cpu_optimizer"] = False
+    return ds

@@ -1,0 +1,284 @@
+"""`train_loop_per_worker`: PEFT LoRA + DeepSpeed ZeRO inside a Ray Train worker.
+
+Runs identically on CPU workers (gloo) and GPU workers (nccl). Heavy imports (torch,
+deepspeed, peft) happen inside the function, never at module import.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from medray.train.checkpoints import load_state, save_checkpoint
+from medray.train.collate import micro_batches, model_inputs, useful_tokens
+from medray.train.config import TrainConfig, deepspeed_config
+
+
+def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
+    import torch
+    import torch.distributed as dist
+
+    t = torch.tensor(values, dtype=torch.float64)
+    if dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MIN)
+    return t.tolist()
+
+
+def _synced(batches: Any) -> Any:
+    """Yield batches while EVERY worker still has one: ZeRO collectives need equal counts."""
+    it = iter(batches)
+    while True:
+        batch = next(it, None)
+        if _all_reduce([0.0 if batch is None else 1.0], op="min")[0] == 0.0:
+            return
+        yield batch
+
+
+def _epoch_batches(shard: Any, cfg: TrainConfig, pad_id: int, epoch: int) -> Any:
+    from medray.tokenize import iter_rows_from_batches
+
+    d = cfg.data
+    window = cfg.optim.micro_batch_size * (1 if d.batching == "pad" else d.group_window)
+    batches = shard.iter_batches(
+        batch_size=window, batch_format="numpy",
+        local_shuffle_buffer_size=d.shuffle_buffer or None,
+        local_shuffle_seed=cfg.optim.seed + epoch if d.shuffle_buffer else None,
+    )
+    return micro_batches(iter_rows_from_batches(batches), batch_size=cfg.optim.micro_batch_size,
+                         pad_id=pad_id, mode=d.batching, max_len=d.context_tokens,
+                         window=d.group_window, seed=cfg.optim.seed + epoch)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None: ...
+    def set_description(self, desc: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress(total: int, initial: int, rank: int) -> Any:
+    """Rank 0's bar, drawn on the driver's console by Ray's tqdm_ray (loss, lr, tokens/s)."""
+    if rank != 0:
+        return _NoBar()
+    from ray.experimental.tqdm_ray import tqdm
+
+    bar = tqdm(total=total, desc="train", unit="step")
+    bar.update(initial)
+    return bar
+
+
+def _log(rank: int, msg: str) -> None:
+    if rank == 0:  # timings and aggregate numbers only: never clinical text
+        print(f"[medray.train] {msg}", flush=True)
+
+
+def _tensorboard(path: str | None, rank: int) -> Any:
+    if rank != 0 or not path:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    fallback = False
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+    except OSError:  # output dir not on this node: keep the files beside the worker
+        import tempfile
+
+        path, fallback = tempfile.mkdtemp(prefix="medray-tb-"), True
+    writer = SummaryWriter(log_dir=path)
+    writer.medray_fallback = fallback  # checkpoints then carry the event files
+    return writer
+
+
+def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: Any,
+             rank: int, world: int) -> dict[str, float]:
+    """Validation loss (token-weighted, all workers) + greedy F1/EM on the fixed subset."""
+    import ray.train
+    import torch
+    import torch.distributed as dist
+
+    from medray.engines.hf import HFEngine
+    from medray.eval.metrics.generative import em_medqaro, f1_medqaro
+
+    engine.eval()
+    loss_sum = n_tok = 0.0
+    with torch.no_grad():
+        shard = ray.train.get_dataset_shard("val")
+        batches = micro_batches(_rows(shard), batch_size=cfg.optim.micro_batch_size,
+                                pad_id=pad_id, mode="pad")
+        for batch in _synced(batches):
+            n = float((batch["labels"][:, 1:] != -100).sum())
+            out = engine(**model_inputs(batch), use_cache=False)
+            loss_sum += float(out.loss) * n
+            n_tok += n
+    loss_sum, n_tok = _all_reduce([loss_sum, n_tok])
+    metrics = {"val_loss": loss_sum / max(n_tok, 1.0), "val_tokens": n_tok}
+
+    items = plan.get("val_generate", [])
+    if items:
+        per = math.ceil(len(items) / world)
+        mine = items[rank * per:(rank + 1) * per]
+        # Equal call counts on all ranks (ZeRO-3 gathers weights inside every forward).
+        padded = mine + [items[0]] * (per - len(mine))
+        hf = HFEngine(engine.module, tokenizer=tokenizer, batch_size=8,
+                      synced_gpus=cfg.deepspeed.stage == 3 and world > 1)
+        gens = hf.generate_ids([it["prompt_ids"] for it in padded],
+                               max_new_tokens=cfg.data.max_new_tokens)
+        local = [(it["answer"], g.text) for it, g in zip(mine, gens, strict=False)]
+        gathered: list[Any] = [None] * world
+        if dist.is_initialized():
+            dist.all_gather_object(gathered, local)
+        else:
+            gathered = [local]
+        pairs = [p for part in gathered for p in part]
+        metrics["val_f1"] = sum(f1_medqaro(p, r) for r, p in pairs) / len(pairs)
+        metrics["val_em"] = sum(em_medqaro(p, r) for r, p in pairs) / len(pairs)
+        metrics["val_generated"] = len(pairs)
+    engine.train()
+    return metrics
+
+
+def _rows(shard: Any) -> Any:
+    from medray.tokenize import iter_rows_from_batches
+
+    return iter_rows_from_batches(shard.iter_batches(batch_size=32, batch_format="numpy"))
+
+
+def _maybe_kill(cfg: TrainConfig, rank: int, step: int) -> None:
+    """Test hook: die hard, once, to exercise FailureConfig + checkpoint resume."""
+    f = cfg.fault
+    if f.kill_rank is None or f.kill_rank != rank or f.kill_at_step != step or not f.kill_marker:
+        return
+    marker = Path(f.kill_marker)
+    if marker.exists():
+        return
+    # Die once the controller has recorded the checkpoint just reported (it polls workers
+    # every RAY_TRAIN_HEALTH_CHECK_INTERVAL_S, default 2 s): the test then knows exactly
+    # which checkpoint the replacement workers must resume from.
+    time.sleep(2 * float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "2")) + 1)
+    marker.write_text(json.dumps({"rank": rank, "step": step, "time": time.time()}))
+    os._exit(1)
+
+
+def train_loop_per_worker(config: dict) -> None:
+    import deepspeed
+    import ray.train
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import get_scheduler
+
+    from medray.models import check_lora_targets, load_model_and_tokenizer
+
+    t_start = time.perf_counter()
+    cfg = TrainConfig.model_validate(config["cfg"])
+    plan = config["plan"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    torch.manual_seed(cfg.optim.seed)
+    if not cfg.scaling.use_gpu:
+        torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
+
+    model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, cfg.model.dtype,
+                                                trust_remote_code=cfg.model.trust_remote_code)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.enable_input_require_grads()
+    targets = check_lora_targets(model, cfg.lora.target_modules)
+    model = get_peft_model(model, LoraConfig(
+        r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+        target_modules=targets, task_type="CAUSAL_LM", bias="none"))
+    if cfg.model.dtype != "fp32":  # trainable LoRA weights in the training precision
+        model.to(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[cfg.model.dtype]))
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, betas=cfg.optim.betas,
+                                  weight_decay=cfg.optim.weight_decay)
+    total_steps = plan["total_steps"]
+    scheduler = get_scheduler(cfg.optim.scheduler if cfg.optim.scheduler != "constant"
+                              else "constant_with_warmup", optimizer,
+                              num_warmup_steps=min(cfg.optim.warmup_steps, total_steps),
+                              num_training_steps=total_steps)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                           lr_scheduler=scheduler,
+                                           config=deepspeed_config(cfg, world))
+    pad_id = tokenizer.pad_token_id
+
+    state = {"epoch": 0, "micro_in_epoch": 0, "history": [], "best": None, "resumed_from": None}
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint:
+        with checkpoint.as_directory() as d:
+            engine.load_checkpoint(d, tag="ds", load_module_strict=False)
+            state = load_state(d)
+        state["resumed_from"] = engine.global_steps
+    writer = _tensorboard(plan.get("tensorboard_dir"), rank)
+    bar = _progress(total_steps, engine.global_steps, rank)
+
+    _log(rank, f"worker ready: {time.perf_counter() - t_start:.1f}s (model, LoRA, DeepSpeed)")
+    if checkpoint is None and plan.get("initial_eval", True):
+        t_eval = time.perf_counter()
+        initial = evaluate(engine, cfg, pad_id, plan, tokenizer, rank, world)
+        _log(rank, f"initial validation {time.perf_counter() - t_eval:.1f}s: "
+                   f"val_loss {initial['val_loss']:.4f}")
+        state["initial"] = initial
+        if writer:
+            writer.add_scalar("val/loss", initial["val_loss"], 0)
+
+    while state["epoch"] < cfg.optim.epochs and engine.global_steps < total_steps:
+        epoch = state["epoch"]
+        shard = ray.train.get_dataset_shard("train")
+        loss_sum = n_micro = tokens = 0.0
+        t0 = time.perf_counter()
+        skip = state["micro_in_epoch"]  # resuming mid-epoch: skip consumed micro-batches
+        for i, batch in enumerate(_synced(_epoch_batches(shard, cfg, pad_id, epoch))):
+            if i < skip:
+                continue
+            out = engine(**model_inputs(batch), use_cache=False)
+            engine.backward(out.loss)
+            engine.step()
+            loss_sum += float(out.loss)
+            n_micro += 1
+            tokens += useful_tokens(batch)
+            state["micro_in_epoch"] = i + 1
+            if not engine.is_gradient_accumulation_boundary():
+                continue
+            step = engine.global_steps
+            lr = scheduler.get_last_lr()[0]
+            bar.update(1)
+            tok_s = tokens * world / (time.perf_counter() - t0)
+            bar.set_description(f"epoch {epoch + 1} loss {float(out.loss):.3f} lr {lr:.2e} "
+                                f"tok/s {tok_s:.0f}")
+            if writer:
+                writer.add_scalar("train/loss", float(out.loss), step)
+                writer.add_scalar("train/lr", lr, step)
+            _maybe_kill(cfg, rank, step)
+            every = cfg.checkpoint.every_steps
+            if every and step % every == 0 and step < total_steps:
+                save_checkpoint(engine, model, tokenizer, state, cfg,
+                                {"step": step, "epoch": epoch, "train_loss": float(out.loss)},
+                                rank, world, writer)
+            if step >= total_steps:
+                break
+        elapsed = time.perf_counter() - t0
+        loss_sum, n_micro, tokens = _all_reduce([loss_sum, n_micro, tokens])
+        t_eval = time.perf_counter()
+        val = evaluate(engine, cfg, pad_id, plan, tokenizer, rank, world)
+        _log(rank, f"epoch {epoch + 1}: train {elapsed:.1f}s, validation "
+                   f"{time.perf_counter() - t_eval:.1f}s, val_loss {val['val_loss']:.4f}, "
+                   f"val_f1 {val.get('val_f1', float('nan')):.4f} (medqaro mode)")
+        record = {"epoch": epoch + 1, "step": engine.global_steps,
+                  "train_loss": loss_sum / max(n_micro, 1.0),
+                  "tokens_per_s": tokens / max(elapsed, 1e-9), "train_tokens": tokens,
+                  "seconds": elapsed, **val}
+        state["history"].append(record)
+        state["epoch"], state["micro_in_epoch"] = epoch + 1, 0
+        if writer:
+            for k in ("val_loss", "val_f1", "val_em", "tokens_per_s"):
+                if k in record:
+                    writer.add_scalar(f"val/{k}" if k.startswith("val") else f"train/{k}",
+                                      record[k], engine.global_steps)
+            writer.flush()
+        save_checkpoint(engine, model, tokenizer, state, cfg, record, rank, world, writer)
+    bar.close()
+    if writer:
+        writer.close()

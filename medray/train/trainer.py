@@ -1,0 +1,238 @@
+"""Driver side of training: validate, tokenise once, build the TorchTrainer, export.
+
+`run_training(cfg, output)` does, in order:
+1. validate everything cheap before any worker starts (config keys were checked by
+   pydantic; here: model path, LoRA targets on a weightless meta model, data dir,
+   context budget vs question + answer);
+2. tokenise each epicrisis once (Ray Data actor pool) and share the table;
+3. stream the assembled examples to a Ray Train V2 TorchTrainer (DeepSpeed + PEFT);
+4. export the best (or last) checkpoint's adapter to OUTPUT/adapter and write
+   OUTPUT/metrics.json (per-epoch losses, F1/EM, tokens/s, the resolved config).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from medray.train.config import TrainConfig
+
+MEDQARO_METRIC_NOTE = (
+    "val_f1/val_em: metric mode 'medqaro' (reference formulas), greedy decoding, "
+    "max_new_tokens from data.max_new_tokens, on the first data.val_generate_examples "
+    "examples of the validation split (sorted by id); val_loss: token-weighted "
+    "cross-entropy over answer+EOS tokens of the validation split"
+)
+
+
+def preflight(cfg: TrainConfig) -> dict[str, Any]:
+    """Every check that can fail before workers start; returns the run plan."""
+    from medray.data.prepared import load_prepared
+    from medray.models import check_lora_targets, load_tokenizer, meta_model
+    from medray.tokenize import answer_ids, check_budget, prompt_pieces
+
+    # Workers do not share the driver's working directory: make local paths absolute.
+    if Path(cfg.model.name_or_path).exists():
+        cfg.model.name_or_path = str(Path(cfg.model.name_or_path).resolve())
+    if Path(cfg.data.path).exists():
+        cfg.data.path = str(Path(cfg.data.path).resolve())
+    model = meta_model(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    targets = check_lora_targets(model, cfg.lora.target_modules)
+    del model
+    data_dir = Path(cfg.data.path)
+    if not (data_dir / "manifest.json").is_file():
+        raise FileNotFoundError(f"data.path {str(data_dir)!r}: not a prepared dataset "
+                                "(no manifest.json); run `medray data prepare` first")
+    data = load_prepared(data_dir)
+    if data.kind != "generative" or data.contexts is None:
+        raise ValueError(f"data.path {str(data_dir)!r}: training needs a generative dataset "
+                         f"with contexts (got {data.dataset}, kind {data.kind})")
+    for split in (cfg.data.train_split, cfg.data.val_split):
+        if split not in data.manifest["splits"]:
+            raise ValueError(f"data split {split!r} not in {sorted(data.manifest['splits'])}")
+    tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    train = data.split(cfg.data.train_split).sort_values("id")
+    val = data.split(cfg.data.val_split).sort_values("id")
+    if cfg.data.max_train_examples:
+        train = train.head(cfg.data.max_train_examples)
+    if cfg.data.max_val_examples:
+        val = val.head(cfg.data.max_val_examples)
+    check_budget(tokenizer, train, cfg.data.prompt_format, cfg.data.context_tokens)
+    check_budget(tokenizer, val, cfg.data.prompt_format, cfg.data.context_tokens)
+
+    # Prompt (without context) + answer lengths: the schedule is sized from them once the
+    # epicrises are tokenised (see schedule()).
+    fixed = [
+        prompt_pieces(tokenizer, r.question, cfg.data.prompt_format).fixed
+        + len(answer_ids(tokenizer, r.answer))
+        for r in train.itertuples(index=False)
+    ]
+    return {
+        "lora_targets": targets,
+        "n_train": len(train), "n_val": len(val),
+        "train_ids": train["id"].tolist() if cfg.data.max_train_examples else None,
+        "val_ids": val["id"].tolist() if cfg.data.max_val_examples else None,
+        "train_fixed": fixed,
+        "train_context_ids": train["context_id"].tolist(),
+        "val_gen_ids": val["id"].tolist()[: cfg.data.val_generate_examples],
+    }
+
+
+def schedule(cfg: TrainConfig, plan: dict, contexts: dict) -> None:
+    """Optimiser steps per epoch and in total, from exact example lengths."""
+    n_ctx = cfg.data.context_tokens
+    fixed, cids = plan.pop("train_fixed"), plan.pop("train_context_ids")
+    if cfg.data.mode == "chunks":  # one example per chunk of the room left for context
+        lengths = []
+        for f, c in zip(fixed, cids, strict=True):
+            room, n = max(n_ctx - f, 1), len(contexts[c])
+            lengths += [min(n_ctx, f + min(room, n - s)) for s in range(0, max(n, 1), room)]
+    else:
+        lengths = [min(n_ctx, f + len(contexts[c])) for f, c in zip(fixed, cids, strict=True)]
+    world, mb = cfg.scaling.num_workers, cfg.optim.micro_batch_size
+    if cfg.data.batching == "pack":
+        micro = math.ceil(sum(lengths) / world / n_ctx / mb)
+    else:
+        micro = math.ceil((len(lengths) // world) / mb)
+    plan["steps_per_epoch_estimate"] = max(1, micro // cfg.optim.grad_accum)
+    total = plan["steps_per_epoch_estimate"] * cfg.optim.epochs
+    plan["total_steps"] = min(total, cfg.optim.max_steps) if cfg.optim.max_steps else total
+
+
+def _val_generate_items(cfg: TrainConfig, plan: dict, contexts: dict) -> list[dict]:
+    """The fixed validation subset: trimmed prompt ids (same code as serving) + answer."""
+    from medray.data.prepared import load_prepared
+    from medray.models import load_tokenizer
+    from medray.tokenize import build_prompt_ids
+
+    if not plan["val_gen_ids"]:
+        return []
+    tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    ex = load_prepared(cfg.data.path).examples.set_index("id").loc[plan["val_gen_ids"]]
+    return [
+        {"id": i, "answer": r.answer,
+         "prompt_ids": build_prompt_ids(tokenizer, r.question, contexts[r.context_id].tolist(),
+                                        cfg.data.prompt_format, cfg.data.context_tokens,
+                                        reserve=cfg.data.max_new_tokens)}
+        for i, r in zip(ex.index, ex.itertuples(index=False), strict=True)
+    ]
+
+
+def build_trainer(cfg: TrainConfig, output: Path, plan: dict, contexts_ref: Any,
+                  datasets: dict[str, Any]) -> Any:
+    from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    from medray.train.loop import train_loop_per_worker
+
+    return TorchTrainer(
+        train_loop_per_worker,
+        train_loop_config={"cfg": cfg.model_dump(mode="json"), "plan": plan},
+        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
+        scaling_config=ScalingConfig(
+            num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
+            resources_per_worker={"CPU": cfg.scaling.cpus_per_worker,
+                                  **({"GPU": 1} if cfg.scaling.use_gpu else {})}),
+        run_config=RunConfig(
+            name=cfg.name,
+            storage_path=str((output / "ray").resolve()),
+            failure_config=FailureConfig(max_failures=cfg.fault.max_failures),
+            checkpoint_config=CheckpointConfig(
+                num_to_keep=cfg.checkpoint.num_to_keep,
+                checkpoint_score_attribute=cfg.checkpoint.metric,
+                checkpoint_score_order=cfg.checkpoint.mode),
+            worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+        ),
+        datasets=datasets,
+    )
+
+
+def _datasets(cfg: TrainConfig, plan: dict, contexts: dict, contexts_ref: Any) -> dict[str, Any]:
+    """train: streamed from the Ray Data actor pipeline; val: small, assembled here once."""
+    import ray
+
+    from medray.data.prepared import load_prepared
+    from medray.tokenize import ExampleAssembler, examples_dataset
+
+    train = examples_dataset(cfg.data.path, cfg.data.train_split, cfg.model.name_or_path,
+                             contexts_ref, fmt=cfg.data.prompt_format,
+                             context_tokens=cfg.data.context_tokens, mode=cfg.data.mode,
+                             ids=plan["train_ids"])
+    # Validation runs every epoch; building it once avoids re-spawning the pipeline.
+    val = load_prepared(cfg.data.path).split(cfg.data.val_split).sort_values("id")
+    if plan["val_ids"] is not None:
+        val = val[val["id"].isin(set(plan["val_ids"]))]
+    assembler = ExampleAssembler(cfg.model.name_or_path, contexts, cfg.data.prompt_format,
+                                 cfg.data.context_tokens)
+    return {"train": train, "val": ray.data.from_pandas(assembler(val))}
+
+
+def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print) -> dict:
+    import ray
+
+    from medray.tokenize import context_table, tokenize_contexts
+    from medray.train.checkpoints import export_adapter, load_state
+
+    output = Path(output)
+    plan = preflight(cfg)
+    output.mkdir(parents=True, exist_ok=True)
+    if not ray.is_initialized():
+        # RAY_ADDRESS set (ray job submit, a cluster): connect; otherwise a local cluster.
+        ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
+    log(f"preflight ok: {plan['n_train']} train / {plan['n_val']} val examples, "
+        f"LoRA targets {plan['lora_targets']}")
+
+    contexts = context_table(tokenize_contexts(cfg.data.path, cfg.model.name_or_path,
+                                               concurrency=cfg.data.tokenize_actors))
+    schedule(cfg, plan, contexts)
+    log(f"tokenised {len(contexts)} epicrises once each (Ray Data actor pool); "
+        f"~{plan['total_steps']} optimiser steps planned")
+    plan["val_generate"] = _val_generate_items(cfg, plan, contexts)
+    plan["tensorboard_dir"] = str((output / "tensorboard").resolve())
+    contexts_ref = ray.put(contexts)
+    trainer = build_trainer(cfg, output, plan, contexts_ref,
+                            _datasets(cfg, plan, contexts, contexts_ref))
+    result = trainer.fit()
+    if result.error:
+        raise result.error
+
+    last = result.checkpoint
+    if last is None:
+        raise RuntimeError("training reported no checkpoint")
+    best = last
+    if cfg.checkpoint.export == "best" and result.best_checkpoints:
+        key = cfg.checkpoint.metric
+        scored = [(c, m) for c, m in result.best_checkpoints if key in m]
+        if scored:
+            pick = min if cfg.checkpoint.mode == "min" else max
+            best = pick(scored, key=lambda cm: cm[1][key])[0]
+    with last.as_directory() as d:
+        state = load_state(d)
+        if (Path(d) / "tensorboard").is_dir() and not (output / "tensorboard").exists():
+            shutil.copytree(Path(d) / "tensorboard", output / "tensorboard")
+    with best.as_directory() as d:
+        export_adapter(d, output / "adapter")
+        exported_step = load_state(d).get("history", [{}])[-1:]
+    metrics = {
+        "model": cfg.model.name_or_path,
+        "dataset": cfg.data.path,
+        "adapter": str((output / "adapter").resolve()),
+        "exported": {"which": cfg.checkpoint.export, "checkpoint": best.path,
+                     "epoch_record": exported_step[0] if exported_step else None},
+        "initial": state.get("initial"),
+        "epochs": state["history"],
+        "resumed_from_step": state.get("resumed_from"),
+        "how": MEDQARO_METRIC_NOTE + "; tokens_per_s: non-padding tokens of all workers / "
+               "epoch wall time (forward+backward+step, excludes validation)",
+        "plan": {k: v for k, v in plan.items()
+                 if k not in ("val_generate", "train_ids", "val_ids", "val_gen_ids")},
+        "config": cfg.model_dump(mode="json"),
+    }
+    tmp = output / ".metrics.json.tmp"
+    tmp.write_text(json.dumps(metrics, indent=2, ensure_ascii=False))
+    os.replace(tmp, output / "metrics.json")
+    return metrics

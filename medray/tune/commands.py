@@ -1,0 +1,62 @@
+"""CLI: `medray tune` (Ray is imported inside the command, never at CLI import)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+
+def _fail(msg: str) -> None:
+    print(f"error: {msg}", file=sys.stderr)
+    raise typer.Exit(2)
+
+
+def tune(
+    config: Path = typer.Option(None, "--config", help="training YAML (configs/*.yaml)"),
+    space: Path = typer.Option(None, "--space", help="search space YAML (tune/spaces/*.yaml)"),
+    output: Path = typer.Option(..., "--output", help="sweep directory"),
+    resume: bool = typer.Option(False, "--resume",
+                                help="continue an interrupted sweep in OUTPUT (finished "
+                                     "trials are kept, unfinished ones resume)"),
+    search: str = typer.Option(None, help="grid | random | optuna (default: the space's)"),
+    num_samples: int = typer.Option(None, help="trials (random/optuna) or grid repeats"),
+    max_concurrent_trials: int = typer.Option(None, help="default: space, else what fits"),
+    metric: str = typer.Option(None, help="val_f1 | val_loss | val_em (default: the space's)"),
+    mode: str = typer.Option(None, help="max | min (default: the space's)"),
+    overrides: list[str] = typer.Argument(None, help="dotted key=value training overrides"),
+) -> None:
+    """Sweep hyperparameters with Ray Tune (ASHA; grid, random or Optuna search).
+
+    Writes OUTPUT/trials.csv, OUTPUT/best.yaml (a config `medray train` runs as is),
+    OUTPUT/val_f1_vs_hparams.png and TensorBoard files (tensorboard --logdir OUTPUT).
+    """
+    from medray.train.config import ConfigError
+    from medray.tune.space import SpaceError
+    from medray.tune.sweep import load_plan, plan_sweep, run_sweep
+
+    try:
+        if resume:
+            if overrides or search or num_samples or metric or mode:
+                _fail("--resume continues the sweep as it was started; drop the overrides "
+                      "and search options")
+            plan = load_plan(output)
+        else:
+            if config is None or space is None:
+                _fail("--config and --space are required (or --resume with --output)")
+            plan = plan_sweep(config, space, output, overrides or [], search=search,
+                              num_samples=num_samples, metric=metric, mode=mode,
+                              max_concurrent_trials=max_concurrent_trials)
+        if max_concurrent_trials:
+            plan.max_concurrent_trials = max_concurrent_trials
+        run_sweep(plan, resume=resume)
+    except (ConfigError, SpaceError, FileNotFoundError, FileExistsError) as exc:
+        _fail(str(exc))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`tune/sweep.py` and `jobs/sweep.py`: the `medray tune` command on its own (exits)."""
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.command()(tune)
+    app(args=argv, prog_name="sweep.py")

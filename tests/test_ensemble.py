@@ -1,0 +1,77 @@
+"""Majority vote over runs: the tie rule, abstentions, and the ensemble row. Budget: ~5 s."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fakes import ScriptedEngine
+from typer.testing import CliRunner
+
+from medray.cli import app
+from medray.data.prepared import load_prepared
+from medray.eval.ensemble import TIE_RULE, majority_vote, vote
+from medray.eval.mcq_run import run_mcq
+from medray.prompts import format_question_text
+
+
+def test_vote_rules():
+    a, b, c = ("A",), ("B",), ("A", "C")
+    assert vote([a, b, a]) == (a, False)
+    assert vote([b, a, None]) == (b, True)  # tie: the earliest listed run wins
+    assert vote([None, a, b]) == (a, True)
+    assert vote([c, c, a]) == (c, False)  # a multi-answer set is one vote unit
+    assert vote([None, None]) == (None, False)  # everyone abstained
+
+
+def test_majority_vote_row(robiology_prepared, tmp_path):
+    data = load_prepared(robiology_prepared)
+    items = data.split("test")
+    block = {format_question_text(r["question"], list(r["options"])): r for _, r in
+             items.iterrows()}
+    ids = sorted(items["id"])
+    key = {r["id"]: "".join(r["answer"]) for _, r in items.iterrows()}
+
+    def wrong(k):
+        return "A" if k != "A" else "B"
+
+    def engine_for(bad_ids, junk_ids=()):
+        def answer(prompt):
+            row = next(r for q, r in block.items() if q in prompt)
+            if row["id"] in junk_ids:
+                return "no idea"
+            return wrong(key[row["id"]]) if row["id"] in bad_ids else key[row["id"]]
+        return ScriptedEngine(answer)
+
+    third = len(ids) // 3
+    # each run is wrong on a different third, so the majority is right everywhere except
+    # where two runs are wrong together (none) -> 100%; run 3 abstains on its third instead.
+    specs = [set(ids[:third]), set(ids[third:2 * third]), set()]
+    junk = set(ids[2 * third:])
+    runs = []
+    for n, bad in enumerate(specs):
+        out = tmp_path / f"run{n}"
+        run_mcq(engine_for(bad, junk if n == 2 else ()), items, data.examples, out)
+        runs.append(out)
+    m = majority_vote(runs, robiology_prepared, tmp_path / "ens")
+    assert m["row"] == "ensemble: majority vote of 3 runs" and m["tie_rule"] == TIE_RULE
+    # items in the last third: runs 0 and 1 both right (2 votes) -> right.
+    # first third: run 0 wrong, runs 1 and 2 right -> right; second third likewise.
+    assert m["metrics"]["accuracy"]["mean"] == 1.0 and m["n"] == len(ids)
+    rows = [json.loads(x) for x in (tmp_path / "ens" / "predictions.jsonl").read_text().split("\n")
+            if x]
+    assert {r["engine"] for r in rows} == {"ensemble"} and len(rows) == len(ids)
+    # with only runs 0 and 1, items in their wrong thirds tie 1:1 -> run 0's answer wins
+    m2 = majority_vote(runs[:2], robiology_prepared, tmp_path / "ens2")
+    assert m2["n_ties"] == 2 * third
+    assert m2["metrics"]["accuracy"]["mean"] == pytest.approx((len(ids) - third) / len(ids))
+    with pytest.raises(ValueError, match="at least 2"):
+        majority_vote(runs[:1], robiology_prepared, tmp_path / "ens3")
+    # the same through the CLI
+    result = CliRunner().invoke(app, ["ensemble", *map(str, runs), "--data",
+                                      str(robiology_prepared), "--output", str(tmp_path / "e4")])
+    assert result.exit_code == 0, result.output
+    assert "majority vote of 3 runs" in result.output and "accuracy 1.0000" in result.output
+    bad = CliRunner().invoke(app, ["ensemble", str(runs[0]), "--data", str(robiology_prepared),
+                                   "--output", str(tmp_path / "e5")])
+    assert bad.exit_code == 2 and "at least 2" in bad.output

@@ -1,0 +1,163 @@
+"""`medray eval`: actors against the served tiny model, resume without re-requests, scoring
+identical to `medray score`, baselines through the same command, config validation.
+
+Uses the session's Serve app (see conftest); budget ~100 s beyond its start-up.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from medray.cli import app
+
+
+def _write_config(path: Path, **fields) -> Path:
+    path.write_text(yaml.safe_dump(fields))
+    return path
+
+
+def _serve_engine(serve_app) -> dict:
+    url, key, _ = serve_app
+    return {"kind": "serve", "url": url, "api_key_env": "MEDRAY_TEST_KEY"}
+
+
+def _same(a, b) -> bool:
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+def _qa_count(serve_app) -> int:
+    """/v1/qa requests the ingress answered, once requests cut off by a cancel have settled."""
+    url, key, _ = serve_app
+    last = None
+    for _ in range(20):
+        stats = httpx.get(f"{url}/v1/stats", headers={"Authorization": f"Bearer {key}"}).json()
+        count = int(stats.get("qa", 0))
+        if count == last:
+            return count
+        last = count
+        time.sleep(1.0)
+    raise AssertionError("request count did not settle")
+
+
+def _rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_eval_config_errors_name_the_field(tmp_path, medqaro_prepared):
+    cfg = _write_config(tmp_path / "bad.yaml", data=str(medqaro_prepared),
+                        engine={"kind": "serve"}, actors=0)
+    result = CliRunner().invoke(app, ["eval", "--config", str(cfg), "--output",
+                                      str(tmp_path / "out")])
+    assert result.exit_code == 2
+    assert "bad.yaml" in result.output and "actors" in result.output
+    assert "engine" in result.output  # serve engine without url
+    assert not (tmp_path / "out").exists()
+
+
+def test_eval_through_actors_matches_medray_score(serve_app, medqaro_prepared, tmp_path,
+                                                  monkeypatch):
+    from medray.eval.config import load_eval_config
+    from medray.eval.runner import run_eval
+
+    monkeypatch.setenv("MEDRAY_TEST_KEY", serve_app[1])
+    cfg = load_eval_config(_write_config(
+        tmp_path / "eval.yaml", data=str(medqaro_prepared), split="test",
+        engine=_serve_engine(serve_app), context_tokens=128, actors=2, max_in_flight=4,
+        # WordNet off: loading RoWordNet costs ~16 s per scoring process.
+        score={"modes": ["medqaro", "robust"], "by": ["question_type"], "resamples": 200,
+               "wordnet": False}))
+    out = tmp_path / "run"
+    summary = run_eval(cfg, out)
+    rows = _rows(out / "predictions.jsonl")
+    assert len(rows) == summary["run"]["n"] == 164
+    assert len({r["id"] for r in rows}) == len(rows)
+    for field in ("id", "prediction", "logprob", "n_tokens", "engine", "model", "adapter",
+                  "prompt_format", "context_tokens", "raw_output", "conforming"):
+        assert field in rows[0]
+    assert rows[0]["engine"] == "serve" and rows[0]["context_tokens"] == 128
+    saved = json.loads((out / "metrics.json").read_text())
+    for mode in ("medqaro", "robust"):
+        result = CliRunner().invoke(app, [
+            "score", "--predictions", str(out / "predictions.jsonl"), "--data",
+            str(medqaro_prepared), "--split", "test", "--mode", mode, "--by", "question_type",
+            "--resamples", "200", "--no-wordnet", "--json"])
+        assert result.exit_code == 0, result.output
+        scored = json.loads(result.stdout.strip().splitlines()[-1])
+        # Compared as JSON text: NaN CIs (tiny groups) compare equal that way.
+        assert _same(saved["metrics"][mode]["metrics"], scored["metrics"])
+        assert _same(saved["metrics"][mode]["by"], scored["by"])
+        assert set(scored["metrics"]) >= {"f1", "em", "bleu", "meteor"}
+
+
+def test_cancelled_run_resumes_without_rerequesting(serve_app, medqaro_prepared, tmp_path,
+                                                    monkeypatch):
+    from medray.eval.config import load_eval_config
+    from medray.eval.runner import run_eval
+
+    monkeypatch.setenv("MEDRAY_TEST_KEY", serve_app[1])
+    cfg = load_eval_config(_write_config(
+        tmp_path / "eval.yaml", data=str(medqaro_prepared), split="test_cross",
+        engine=_serve_engine(serve_app), context_tokens=96, actors=2, max_in_flight=3,
+        limit=30, score={"resamples": 50, "wordnet": False}))
+    out = tmp_path / "run"
+
+    class Cancel(Exception):
+        pass
+
+    seen = []
+
+    def stop_halfway(row):
+        seen.append(row["id"])
+        if len(seen) == 12:
+            raise Cancel
+
+    with pytest.raises(Cancel):
+        run_eval(cfg, out, on_prediction=stop_halfway)
+    first = _rows(out / "predictions.jsonl")
+    assert len(first) == 12 and not (out / "metrics.json").exists()
+    # A crash mid-write leaves a torn last line: it is dropped, not trusted.
+    with (out / "predictions.jsonl").open("a") as f:
+        f.write('{"id": "test_cross:99", "predic')
+
+    before = _qa_count(serve_app)
+    summary = run_eval(cfg, out)
+    requested = _qa_count(serve_app) - before
+    assert requested == 30 - 12  # finished items were never requested again
+    assert summary["requests"] == {"selected": 30, "resumed": 12, "requested": 18,
+                                   "written": 18}
+    rows = _rows(out / "predictions.jsonl")
+    assert len(rows) == 30 and len({r["id"] for r in rows}) == 30
+    assert [r["id"] for r in rows[:12]] == [r["id"] for r in first]
+    assert summary["metrics"]["medqaro"]["n"] == 30
+
+    # Rerunning a finished run requests nothing.
+    before = _qa_count(serve_app)
+    assert run_eval(cfg, out)["requests"]["requested"] == 0
+    assert _qa_count(serve_app) == before
+
+
+def test_baselines_go_through_eval(ray_session, medqaro_prepared, tmp_path):
+    """Majority and random-token baselines give the same rows as `medray baseline`."""
+    out = tmp_path / "maj"
+    cfg = _write_config(tmp_path / "maj.yaml", data=str(medqaro_prepared),
+                        engine={"kind": "baseline", "baseline": "random-token", "seed": 3},
+                        score={"resamples": 50, "wordnet": False})
+    result = CliRunner().invoke(app, ["eval", "--config", str(cfg), "--output", str(out)])
+    assert result.exit_code == 0, result.output
+    ref = tmp_path / "ref.jsonl"
+    result = CliRunner().invoke(app, ["baseline", "--data", str(medqaro_prepared), "--kind",
+                                      "random-token", "--seed", "3", "--out", str(ref)])
+    assert result.exit_code == 0, result.output
+    by_id = {r["id"]: r["prediction"] for r in _rows(ref)}
+    got = {r["id"]: r["prediction"] for r in _rows(out / "predictions.jsonl")}
+    assert got == by_id
+    summary = json.loads((out / "metrics.json").read_text())
+    assert summary["run"]["model"] == "random-token"
+    assert 0 <= summary["metrics"]["medqaro"]["metrics"]["f1"]["mean"] < 0.5

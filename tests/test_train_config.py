@@ -1,0 +1,108 @@
+"""Config loading and the checks that fail before any worker starts (no Ray; ~10 s)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from medray.train.config import ConfigError, deepspeed_config, load_config
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+def _write(tmp_path: Path, cfg: dict) -> Path:
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(cfg))
+    return p
+
+
+def test_paper_defaults_and_overrides(tmp_path):
+    p = _write(tmp_path, {"model": {"name_or_path": "m"}, "data": {"path": "d"}})
+    cfg = load_config(p)
+    assert (cfg.lora.r, cfg.lora.alpha, cfg.lora.dropout) == (8, 16, 0.05)
+    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.micro_batch_size,
+            cfg.optim.grad_accum, cfg.optim.epochs, cfg.model.dtype) == (2e-5, 100, 1, 8, 3, "bf16")
+    cfg = load_config(p, ["optim.lr=1e-3", "deepspeed.stage=3", "lora.target_modules=[q_proj]",
+                          "data.context_tokens=3072"])
+    assert cfg.optim.lr == 1e-3 and cfg.deepspeed.stage == 3
+    assert cfg.lora.target_modules == ["q_proj"] and cfg.data.context_tokens == 3072
+
+
+@pytest.mark.parametrize("bad, key", [
+    ({"optim": {"lrr": 1}}, "unknown key 'optim.lrr'"),
+    ({"extra": 1}, "unknown key 'extra'"),
+    ({"deepspeed": {"stage": 4}}, "'deepspeed.stage'"),
+    ({"deepspeed": {"stage": 2, "offload_params": True}}, "offload_params needs"),
+])
+def test_bad_keys_are_named(tmp_path, bad, key):
+    raw = {"model": {"name_or_path": "m"}, "data": {"path": "d"}, **bad}
+    with pytest.raises(ConfigError, match=key.replace("(", r"\(")):
+        load_config(_write(tmp_path, raw))
+
+
+def test_bad_override_is_named(tmp_path):
+    p = _write(tmp_path, {"model": {"name_or_path": "m"}, "data": {"path": "d"}})
+    with pytest.raises(ConfigError, match="unknown key 'optim.learning_rate'"):
+        load_config(p, ["optim.learning_rate=3"])
+    with pytest.raises(ConfigError, match="not key=value"):
+        load_config(p, ["optim.lr"])
+
+
+def test_deepspeed_config_generated():
+    cfg = load_config(CONFIGS / "tiny-cpu.yaml", ["deepspeed.offload_optimizer=true",
+                                                  "model.dtype=bf16"])
+    ds = deepspeed_config(cfg, world_size=2)
+    assert ds["zero_optimization"]["stage"] == 2
+    assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert ds["bf16"]["enabled"] and not ds["fp16"]["enabled"]
+    assert ds["train_batch_size"] == cfg.optim.micro_batch_size * cfg.optim.grad_accum * 2
+
+
+TRAIN_CONFIGS = ["tiny-cpu", "phi-4-mini-2048", "phi-4-mini-3072", "phi-4-mini-4096",
+                 "phi-4-mini-8192", "rollama2-7b-2048", "romistral-7b-4096", "openbiollm-8b-2048"]
+
+
+def test_every_shipped_training_config_validates():
+    for name in TRAIN_CONFIGS:
+        p = CONFIGS / f"{name}.yaml"
+        cfg = load_config(p)
+        if "phi-4" in p.name:
+            assert cfg.lora.target_modules == ["qkv_proj", "o_proj"]
+            assert cfg.model.name_or_path == "microsoft/Phi-4-mini-instruct"
+
+
+def test_preflight_fails_before_workers(tiny_model, medqaro_prepared, tmp_path):
+    from medray.models import LoraTargetError
+    from medray.tokenize import BudgetError
+    from medray.train.presets import tiny_config
+    from medray.train.trainer import preflight
+
+    plan = preflight(tiny_config(tiny_model, medqaro_prepared))
+    assert plan["lora_targets"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    with pytest.raises(FileNotFoundError, match="model.name_or_path"):
+        preflight(tiny_config(tmp_path / "no-model", medqaro_prepared))
+    with pytest.raises(LoraTargetError, match=r"\['qkv_proj'\]"):
+        preflight(tiny_config(tiny_model, medqaro_prepared, ["lora.target_modules=[qkv_proj]"]))
+    with pytest.raises(BudgetError, match="data.context_tokens=16"):
+        preflight(tiny_config(tiny_model, medqaro_prepared, ["data.context_tokens=16"]))
+    with pytest.raises(FileNotFoundError, match="data.path"):
+        preflight(tiny_config(tiny_model, tmp_path))
+
+
+def test_train_cli_exits_2_on_bad_config(tiny_model, medqaro_prepared, tmp_path):
+    from typer.testing import CliRunner
+
+    from medray.cli import app
+
+    p = _write(tmp_path, {"model": {"name_or_path": str(tiny_model)},
+                          "data": {"path": str(medqaro_prepared)}})
+    out = tmp_path / "run"
+    res = CliRunner().invoke(app, ["train", "--config", str(p), "--output", str(out),
+                                   "optim.lrr=1"])
+    assert res.exit_code == 2 and "unknown key 'optim.lrr'" in res.output
+    res = CliRunner().invoke(app, ["train", "--config", str(p), "--output", str(out),
+                                   "lora.target_modules=[fc1]"])
+    assert res.exit_code == 2 and "fc1" in res.output
+    assert not out.exists()  # nothing written, no worker started
