@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
+
+from medray.fsutil import atomic_directory
 
 # vLLM on CPU accepts only these attention head sizes (DESIGN.md).
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -137,20 +137,12 @@ def build_tiny_model(
     model.generation_config.pad_token_id = tokenizer.pad_token_id
 
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "medray_tiny.json").write_text(json.dumps(
             {"kind": "tiny-llama", "seed": seed, "vocab_size": len(tokenizer),
              "hidden_size": hidden_size, "n_layers": n_layers, "n_heads": n_heads}, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -17,12 +17,12 @@ import json
 import math
 import os
 import random
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from medray.fsutil import atomic_directory
 
 HELD_OUT_FRACTION = 0.05  # documents kept aside to measure held-out LM loss
 
@@ -152,20 +152,12 @@ def pretrain_tiny_base(
         "final_train_loss": round(last, 4),
         "lr": lr, "seq_len": seq_len, "batch_size": batch_size, "seed": seed,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         meta_path = src / "medray_tiny.json"
         meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
         meta["pretrain"] = {**stats, "base": str(src)}
         (tmp / "medray_tiny.json").write_text(json.dumps(meta, indent=2))
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     stats["seconds"] = round(time.time() - started, 2)
     return stats

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from medray.fsutil import atomic_directory
 
 MANIFEST = "manifest.json"
 EXAMPLES = "examples.parquet"
@@ -74,17 +74,9 @@ def write_prepared(
 ) -> Path:
     """Write all files into a temporary sibling directory, then swap it into place."""
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         pq.write_table(examples, tmp / EXAMPLES)
         if contexts is not None:
             pq.write_table(contexts, tmp / CONTEXTS)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out

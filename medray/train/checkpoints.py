@@ -16,6 +16,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from medray.fsutil import atomic_directory
+
 STATE = "state.json"
 ADAPTER = "adapter"
 
@@ -65,16 +67,8 @@ def save_checkpoint(engine: Any, model: Any, tokenizer: Any, state: dict, cfg: A
 
 
 def _atomic_copytree(src: Path, dst: Path) -> Path:
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.", dir=dst.parent))
-    try:
+    with atomic_directory(dst) as tmp:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
-        if dst.exists():
-            shutil.rmtree(dst)
-        os.replace(tmp, dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return dst
 
 
@@ -96,17 +90,9 @@ def merge_adapter(base: str, adapter_dir: str | os.PathLike, out_dir: str | os.P
     model, tokenizer = load_model_and_tokenizer(base, dtype)
     merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
+    with atomic_directory(out) as tmp:
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 
