@@ -28,12 +28,14 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray cluster for the whole session (4 logical CPUs so Serve ingress fits)."""
+    """One local Ray cluster for the whole session. 8 logical CPUs (2 physical): the Serve app
+    (2), a training run (2) and its replacement worker group after a killed worker (2) must
+    all fit at once, or a fault-tolerance test waits forever for resources."""
     import ray
 
     if not ray.is_initialized():
         ray.init(
-            num_cpus=4,
+            num_cpus=8,
             include_dashboard=False,
             log_to_driver=False,
             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
