@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from medray.eval.config import EvalConfig
+from medray.eval.runio import write_json_atomic
 
 log = logging.getLogger(__name__)
 PREDICTIONS = "predictions.jsonl"
@@ -46,18 +46,6 @@ def finished_ids(path: Path) -> set[str]:
         with path.open("r+b") as f:
             f.truncate(good)
     return done
-
-
-def write_json_atomic(obj: Any, out: Path) -> None:
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False, default=str)
-            f.write("\n")
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _pending_rows(cfg: EvalConfig, done: set[str]):
@@ -193,7 +181,7 @@ def run_eval(cfg: EvalConfig, out: str | os.PathLike,
              on_prediction: Callable[[dict], None] | None = None) -> dict[str, Any]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(cfg.model_dump(mode="json"), out / "config.json")
+    write_json_atomic(out / "config.json", cfg.model_dump(mode="json"))
     stats = predict_all(cfg, out, on_prediction)
     metrics = score_run(cfg, out)
     summary = {
@@ -205,7 +193,7 @@ def run_eval(cfg: EvalConfig, out: str | os.PathLike,
         "requests": stats,
         "metrics": metrics,
     }
-    write_json_atomic(summary, out / METRICS)
+    write_json_atomic(out / METRICS, summary)
     return summary
 
 
