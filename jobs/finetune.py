@@ -7,7 +7,6 @@ submitted job RAY_ADDRESS is set, so `ray.init()` joins the existing cluster.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -22,16 +21,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = parser.parse_args(argv)
 
-    import ray
-
     from medray.models import LoraTargetError
+    from medray.raycluster import connect
     from medray.tokenize import BudgetError
     from medray.train.config import ConfigError, load_config
     from medray.train.trainer import run_training
 
     try:
         cfg = load_config(args.config, args.overrides)
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None)
+        connect()  # RAY_ADDRESS (set by `ray job submit`) or a local cluster
         metrics = run_training(cfg, args.output)
     except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -21,12 +21,23 @@ app.add_typer(data_app, name="data")
 @app.command()
 def demo(
     output: Path = typer.Option(Path("runs/demo"), help="where the demo writes everything"),
-    seed: int = typer.Option(0, help="seed of the synthetic data"),
+    seed: int = typer.Option(0, help="seed of the synthetic data, model init and training"),
+    config: Path = typer.Option(None, help="demo recipe (default: configs/demo.yaml)"),
+    address: str = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else local)"),
+    overrides: list[str] = typer.Argument(None, help="dotted key=value recipe overrides, "
+                                          "e.g. train.optim.max_steps=100"),
 ) -> None:
-    """Run the embedded default on synthetic data (local Ray, tiny model)."""
+    """The whole pipeline on synthetic data: tiny model, Ray Train LoRA, Serve, eval, report."""
     from medray.demo import run_demo
+    from medray.demo_config import DEFAULT_DEMO_CONFIG
+    from medray.train.config import ConfigError
 
-    run_demo(output, seed=seed)
+    try:
+        run_demo(output, seed=seed, config=config or DEFAULT_DEMO_CONFIG,
+                 overrides=overrides or [], address=address)
+    except ConfigError as err:
+        typer.echo(f"error: {err}", err=True)
+        raise typer.Exit(2) from None
 
 
 # --- metrics and baselines (issue 3) ---
@@ -54,10 +65,9 @@ app.command("serve")(serve_cmd)
 app.command("eval")(eval_cmd)
 app.command("report")(report_cmd)
 
-# --- API baselines (issue 7) ---
-from medray.eval.api_commands import ensemble, eval_api, translate  # noqa: E402
+# --- API baselines (issue 7; `medray eval --engine` is eval_cmd's engine path) ---
+from medray.eval.api_commands import ensemble, translate  # noqa: E402
 
-app.command(name="eval-api")(eval_api)
 app.command()(ensemble)
 app.command()(translate)
 

@@ -101,6 +101,7 @@ def build_tiny_model(
     n_kv_heads: int | None = None,
     intermediate_size: int = 256,
     max_position_embeddings: int = 8192,
+    tie_word_embeddings: bool = True,
     seed: int = 0,
 ) -> Path:
     """Train a tokenizer on `texts`, build a random-init Llama, save both to `out_dir`.
@@ -129,7 +130,7 @@ def build_tiny_model(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
         rope_theta=10000.0,
     )
     torch.manual_seed(seed)
@@ -244,6 +245,8 @@ def check_lora_targets(model: Any, targets: str | Sequence[str]) -> str | list[s
     if resolved == "all-linear":
         return resolved
     available = linear_module_names(model)
+    if "lm_head" in resolved:  # the output projection is a valid explicit target (vLLM too)
+        available.append("lm_head")
     missing = [t for t in resolved if t not in available]
     if missing:
         raise LoraTargetError(

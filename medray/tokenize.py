@@ -130,10 +130,18 @@ def build_example(
     context_ids: Sequence[int],
     fmt: str = "qea",
     context_tokens: int = 2048,
+    reserve: int = 0,
 ) -> dict[str, list[int]]:
-    """One training example: input ids and labels (answer + EOS only; -100 elsewhere)."""
+    """One training example: input ids and labels (answer + EOS only; -100 elsewhere).
+
+    The context is trimmed to leave max(answer + EOS, `reserve`) tokens, with `reserve` =
+    the serving max_new_tokens: then the prompt is the one served, and how much context
+    is shown does not depend on the answer. (Trimming by the answer's own length leaks it:
+    a tiny model learned "context cut earlier -> longer answer" and failed on served prompts.)
+    """
     target = answer_ids(tokenizer, answer)
-    prompt = build_prompt_ids(tokenizer, question, context_ids, fmt, context_tokens, len(target))
+    prompt = build_prompt_ids(tokenizer, question, context_ids, fmt, context_tokens,
+                              max(len(target), reserve))
     return {"input_ids": prompt + target, "labels": [IGNORE_INDEX] * len(prompt) + target}
 
 
@@ -144,11 +152,13 @@ def build_chunk_examples(
     context_ids: Sequence[int],
     fmt: str = "qea",
     context_tokens: int = 2048,
+    reserve: int = 0,
 ) -> list[dict[str, list[int]]]:
-    """All non-overlapping context chunks that fit the budget, one example each."""
+    """All non-overlapping context chunks that fit the budget, one example each (room as in
+    `build_example`: independent of the answer's length up to `reserve`)."""
     target = answer_ids(tokenizer, answer)
     pieces = prompt_pieces(tokenizer, question, fmt)
-    room = context_room(pieces, context_tokens, len(target))
+    room = context_room(pieces, context_tokens, max(len(target), reserve))
     if room <= 0:
         raise BudgetError(f"context budget {context_tokens} leaves no room for context chunks")
     out = []
@@ -159,7 +169,8 @@ def build_chunk_examples(
     return out
 
 
-def check_budget(tokenizer: Any, examples: Any, fmt: str, context_tokens: int) -> int:
+def check_budget(tokenizer: Any, examples: Any, fmt: str, context_tokens: int,
+                 reserve: int = 0) -> int:
     """Fail before any worker starts if some question + answer exceeds the budget.
 
     `examples` is a DataFrame with id, question, answer. Returns the smallest context room.
@@ -167,7 +178,8 @@ def check_budget(tokenizer: Any, examples: Any, fmt: str, context_tokens: int) -
     worst_room, worst_id = None, None
     for row in examples[["id", "question", "answer"]].itertuples(index=False):
         pieces = prompt_pieces(tokenizer, row.question, fmt)
-        room = context_room(pieces, context_tokens, len(answer_ids(tokenizer, row.answer)))
+        room = context_room(pieces, context_tokens,
+                            max(len(answer_ids(tokenizer, row.answer)), reserve))
         if worst_room is None or room < worst_room:
             worst_room, worst_id = room, row.id
     if worst_room is not None and worst_room < 0:
@@ -201,7 +213,7 @@ class ExampleAssembler:
     """Ray Data actor: assemble examples from the shared table of tokenised epicrises."""
 
     def __init__(self, tokenizer_path: str, contexts: Any, fmt: str, context_tokens: int,
-                 mode: str = "trim") -> None:
+                 mode: str = "trim", reserve: int = 0) -> None:
         import ray
 
         from medray.models import load_tokenizer
@@ -210,6 +222,7 @@ class ExampleAssembler:
         # An ObjectRef to {context_id: int32 array}: fetched once per actor, zero-copy.
         self.contexts = ray.get(contexts) if isinstance(contexts, ray.ObjectRef) else contexts
         self.fmt, self.context_tokens, self.mode = fmt, context_tokens, mode
+        self.reserve = reserve  # the serving max_new_tokens (see build_example)
 
     def __call__(self, batch: Any) -> Any:
         import numpy as np
@@ -218,7 +231,8 @@ class ExampleAssembler:
         rows: dict[str, list] = {"id": [], "input_ids": [], "labels": [], "n_tokens": []}
         for ex_id, q, a, cid in zip(batch["id"], batch["question"], batch["answer"],
                                     batch["context_id"], strict=True):
-            args = (self.tokenizer, q, a, self.contexts[cid], self.fmt, self.context_tokens)
+            args = (self.tokenizer, q, a, self.contexts[cid], self.fmt, self.context_tokens,
+                    self.reserve)
             built = build_chunk_examples(*args) if self.mode == "chunks" else [build_example(*args)]
             for ex in built:
                 rows["id"].append(ex_id)
@@ -256,7 +270,7 @@ def context_table(contexts_ds: Any) -> dict[str, Any]:
 def examples_dataset(data_dir: str | os.PathLike, split: str, tokenizer_path: str,
                      contexts_ref: Any, *, fmt: str = "qea", context_tokens: int = 2048,
                      mode: str = "trim", ids: list[str] | None = None,
-                     num_cpus: float = 0.5) -> Any:
+                     num_cpus: float = 0.5, reserve: int = 0) -> Any:
     """Lazy Ray Dataset of assembled examples for one split (streamed to Train workers)."""
     import ray
 
@@ -272,7 +286,8 @@ def examples_dataset(data_dir: str | os.PathLike, split: str, tokenizer_path: st
     return ds.map_batches(
         ExampleAssembler,
         fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "contexts": contexts_ref,
-                               "fmt": fmt, "context_tokens": context_tokens, "mode": mode},
+                               "fmt": fmt, "context_tokens": context_tokens, "mode": mode,
+                               "reserve": reserve},
         batch_size=32,
         batch_format="pandas",
         compute=ray.data.ActorPoolStrategy(size=1),

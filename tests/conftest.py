@@ -28,14 +28,19 @@ def shared_data() -> Path:
 
 @pytest.fixture(scope="session")
 def ray_session():
-    """One local Ray cluster for the whole session. 8 logical CPUs (2 physical): the Serve app
-    (2), a training run (2) and its replacement worker group after a killed worker (2) must
-    all fit at once, or a fault-tolerance test waits forever for resources."""
+    """One local Ray cluster for the whole session. 12 logical CPUs (2 physical): the session's
+    Serve app (2), the reduced demo's two Serve apps (4), a training run (2) with its
+    replacement worker group after a killed worker (2), Ray Data reads and eval actors must
+    all fit at once, or a test waits forever for resources. Only training and vLLM really
+    compute, and never all at once."""
     import ray
 
+    from medray.raycluster import use_small_data_reader
+
+    use_small_data_reader()  # what a local `medray` run uses (saves 15-40 s per read)
     if not ray.is_initialized():
         ray.init(
-            num_cpus=8,
+            num_cpus=12,
             include_dashboard=False,
             log_to_driver=False,
             runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
@@ -105,15 +110,23 @@ def tiny_model(medqaro_prepared, tmp_path_factory) -> Path:
     return build_tiny_model(out, corpus_from_prepared(medqaro_prepared), seed=0)
 
 
+TRAIN_KILL_MARKER = "killed.json"
+
+
 @pytest.fixture(scope="session")
 def tiny_trained(tiny_model, medqaro_prepared, ray_session, tmp_path_factory) -> Path:
-    """`medray train` on the tiny model (2 workers, ZeRO-2, LoRA): the run dir with adapter/."""
+    """`medray train` on the tiny model (2 workers, ZeRO-2, LoRA): the run dir with adapter/.
+
+    Worker rank 1 is killed once at optimiser step 5 (checkpoints every 2 steps): the same
+    run shows fault tolerance (tests/test_train.py reads TRAIN_KILL_MARKER beside it)."""
     from medray.train.presets import run_tiny_training
 
     out = tmp_path_factory.mktemp("tiny_trained") / "run"
     return run_tiny_training(tiny_model, medqaro_prepared, out, [
         "data.max_train_examples=192", "data.max_val_examples=48",
-        "data.val_generate_examples=8", "data.context_tokens=128", "optim.epochs=2"])
+        "data.val_generate_examples=8", "data.context_tokens=128", "optim.epochs=2",
+        "checkpoint.every_steps=2", "fault.max_failures=1", "fault.kill_rank=1",
+        "fault.kill_at_step=5", f"fault.kill_marker={out.parent / TRAIN_KILL_MARKER}"])
 
 # --- serving and evaluation fixtures (issue 6) ---
 SERVE_KEY = "test-key-0123456789"

@@ -1,5 +1,6 @@
 """Clinical context (MedQARo) reaches an external provider only with --allow-external-api,
-checked before any call; the decision is recorded in the run outputs. Budget: ~15 s."""
+checked before any call; the decision is recorded in the run outputs. Also the usage errors
+of `medray eval` (--config XOR --engine). Budget: ~15 s."""
 
 from __future__ import annotations
 
@@ -42,7 +43,7 @@ def test_cli_refuses_medqaro_without_flag_before_any_call(medqaro_prepared, tmp_
     with fake() as server:
         base = server.url if provider == "anthropic" else server.url + "/v1"
         result = CliRunner().invoke(app, [
-            "eval-api", "--engine", f"{provider}:some-model", "--base-url", base,
+            "eval", "--engine", f"{provider}:some-model", "--base-url", base,
             "--data", str(medqaro_prepared), "--output", str(out), "--sample", "3",
             "--cache", str(tmp_path / "c.sqlite")])
         assert result.exit_code == 2, result.output
@@ -55,12 +56,13 @@ def test_with_flag_runs_and_records_decision_key_never_written(medqaro_prepared,
     out, cache = tmp_path / "run", tmp_path / "c.sqlite"
     with FakeAnthropic(responder=lambda body: "Nu") as server:
         result = CliRunner().invoke(app, [
-            "eval-api", "--engine", "anthropic:claude-3-5-haiku-20241022", "--base-url",
+            "eval", "--engine", "anthropic:claude-3-5-haiku-20241022", "--base-url",
             server.url, "--data", str(medqaro_prepared), "--output", str(out), "--sample", "4",
             "--seed", "1", "--allow-external-api", "--cache", str(cache)])
         assert result.exit_code == 0, result.output
         assert server.calls == 4
-        assert "F1" in result.output and "patient bootstrap" in result.output
+        assert "F1" in result.output and "bootstrap over patients" in result.output
+        assert "seeded sample 4 of" in result.output and "prompt: qea" in result.output
     metrics = json.loads((out / "metrics.json").read_text())
     run = json.loads((out / "run.json").read_text())
     for record in (metrics["governance"], run["governance"]):
@@ -81,7 +83,7 @@ def test_with_flag_runs_and_records_decision_key_never_written(medqaro_prepared,
 def test_public_exam_data_needs_no_flag(europemedqa_prepared, tmp_path):
     with FakeAnthropic(responder=lambda body: "A") as server:
         result = CliRunner().invoke(app, [
-            "eval-api", "--engine", "anthropic:m", "--base-url", server.url,
+            "eval", "--engine", "anthropic:m", "--base-url", server.url,
             "--data", str(europemedqa_prepared), "--output", str(tmp_path / "run"),
             "--sample", "3", "--cache", str(tmp_path / "c.sqlite"), "--param", "top_k=5"])
         assert result.exit_code == 0, result.output
@@ -89,3 +91,26 @@ def test_public_exam_data_needs_no_flag(europemedqa_prepared, tmp_path):
         assert all(b["top_k"] == 5 and "temperature" not in b for b in server.bodies)
     gov = json.loads((tmp_path / "run" / "metrics.json").read_text())["governance"]
     assert gov["clinical_data"] is False and gov["allow_external_api"] is False
+
+
+@pytest.mark.parametrize("args,expect", [
+    ([], "either --config"),  # neither path
+    (["--config", "e.yaml", "--engine", "hf:m", "--data", "d"], "not both"),
+    (["--config", "e.yaml", "--seed", "0"], "--seed"),  # an --engine option, even at default
+    (["--config", "e.yaml", "--data", "d", "--json"], "--data, --json"),
+    (["--engine", "hf:m", "--data", "d", "--num-cpus", "2"], "--num-cpus"),  # a --config one
+    (["--engine", "hf:m"], "--data"),
+])
+def test_eval_usage_errors_exit_2_naming_the_option(tmp_path, args, expect):
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["eval", "--output", str(out), *args])
+    assert result.exit_code == 2, result.output
+    assert expect in result.output and "error:" in result.output
+    assert not out.exists()
+
+
+def test_eval_without_output_and_no_eval_api_command(tmp_path):
+    result = CliRunner().invoke(app, ["eval", "--engine", "hf:m", "--data", str(tmp_path)])
+    assert result.exit_code == 2 and "--output" in result.output
+    result = CliRunner().invoke(app, ["eval-api", "--engine", "hf:m"])
+    assert result.exit_code == 2 and "No such command" in result.output

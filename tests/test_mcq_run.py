@@ -158,7 +158,7 @@ def test_api_engine_gets_images_in_order_and_resumed_run_makes_no_calls(
 def test_dry_run_calls_nothing(europemedqa_prepared, tmp_path):
     with FakeOpenAI() as server:
         result = CliRunner().invoke(app, [
-            "eval-api", "--engine", "openai:gpt-4o-mini", "--base-url", server.url + "/v1",
+            "eval", "--engine", "openai:gpt-4o-mini", "--base-url", server.url + "/v1",
             "--data", str(europemedqa_prepared), "--output", str(tmp_path / "run"),
             "--sample", "10", "--seed", "3", "--dry-run"])
         assert result.exit_code == 0, result.output
@@ -212,7 +212,7 @@ def test_translation_pipeline_preserves_ids_and_is_cached(europemedqa_prepared, 
 
 def test_real_europemedqa_slice_with_tiny_local_model(shared_data, tiny_model, tmp_path):
     """The real Italian SSM slice (1,060 items, key 'A' for 962 before shuffling) through
-    `medray eval-api --engine hf:PATH` on a seeded sample: accuracy with CIs, conforming
+    `medray eval --engine hf:PATH` on a seeded sample: accuracy with CIs, conforming
     counts, option log-likelihood, and the per-letter key distribution after shuffling.
     Heavy (torch, tiny model): run under flock; ~30 s."""
     from collections import Counter
@@ -229,12 +229,27 @@ def test_real_europemedqa_slice_with_tiny_local_model(shared_data, tiny_model, t
     assert all(150 <= keys[c] <= 270 for c in "ABCDE"), keys  # ~uniform (was 91% 'A')
 
     result = CliRunner().invoke(app, [
-        "eval-api", "--engine", f"hf:{tiny_model}", "--data", str(data_dir),
+        "eval", "--engine", f"hf:{tiny_model}", "--data", str(data_dir),
         "--output", str(tmp_path / "run"), "--sample", "30", "--seed", "0"])
     assert result.exit_code == 0, result.output
-    assert "seeded sample 30 of 1060" in result.output
-    assert "conforming outputs" in result.output and "key distribution" in result.output
+    print(result.output)  # the report a user sees (pytest -rP shows it)
     m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    lines = result.output.splitlines()
+    assert (f"hf:{tiny_model} on europemedqa split test, n=30 (seeded sample 30 of 1060, "
+            "seed 0); prompt: mcq prompt per kind (europemedqa), 0-shot") in result.output
+    acc_line = next(x for x in lines if x.startswith("accuracy "))  # accuracy with its CI
+    assert "all-correct rule" in acc_line
+    assert ("[95% CI" if m["n_conforming"] else "n/a (nothing to average)") in acc_line
+    assert f"{m['n_conforming']} conforming of 30 outputs" in acc_line  # conforming counts
+    assert f"{m['n_nonconforming']} non-conforming excluded" in acc_line
+    # per-letter distribution of the gold keys after shuffling, printed and in metrics.json
+    assert m["shuffle"]["enabled"] and m["key_distribution_split"]["counts"] == dict(keys)
+    shuffled = f"options shuffled per item, seed {m['shuffle']['seed']}"
+    sampled = next(x for x in lines if x.startswith(f"gold-key letters ({shuffled}), of the 30"))
+    whole = next(x for x in lines if x.startswith("gold-key letters over the whole test split "
+                                                   "(1060 items)"))
+    for line, counts in ((sampled, m["key_distribution"]), (whole, keys)):
+        assert all(f"{c} {counts[c]} (" in line for c in "ABCDE"), line
     assert m["n"] == 30 and m["n_conforming"] + m["n_nonconforming"] == 30
     assert m["n_skipped_images"] == 0 and sum(m["key_distribution"].values()) == 30
     acc = m["metrics"]["accuracy"]
@@ -244,6 +259,8 @@ def test_real_europemedqa_slice_with_tiny_local_model(shared_data, tiny_model, t
     assert ll["n"] == 30
     for k in ("acc", "acc_norm"):
         assert 0 <= ll[k]["ci95"][0] <= ll[k]["mean"] <= ll[k]["ci95"][1] <= 1
+    ll_line = next(x for x in lines if x.startswith("option log-likelihood"))
+    assert f"acc {ll['acc']['mean']:.4f} [95% CI {ll['acc']['ci95'][0]:.4f}" in ll_line
     rows = [json.loads(x) for x in (tmp_path / "run" / "predictions.jsonl").read_text()
             .splitlines()]
     assert len(rows) == 30 and all(r["engine"] == "hf" and r["n_tokens"] <= 12 for r in rows)

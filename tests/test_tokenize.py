@@ -41,6 +41,22 @@ def test_untrimmed_example_equals_reference_string_tokenisation(tok, epicrisis, 
     assert ex["input_ids"] == reference + [tok.eos_token_id]
 
 
+def test_training_prompt_is_the_served_prompt_whatever_the_answer_length(tok, epicrisis):
+    """With reserve = max_new_tokens, the context shown does not depend on the answer (no
+    "shorter context -> longer answer" leak) and equals what serving sends."""
+    ctx = encode_context(tok, epicrisis)
+    served = build_prompt_ids(tok, Q, ctx, "qea", 120, reserve=10)
+    for answer in ("Nu", "Da", "12.03.2019", "carcinom ductal invaziv"):
+        ex = build_example(tok, Q, answer, ctx, "qea", context_tokens=120, reserve=10)
+        n_target = sum(x != IGNORE_INDEX for x in ex["labels"])
+        assert n_target <= 10
+        assert ex["input_ids"][:-n_target] == served
+    # An answer longer than the reserve still fits the budget (less context shown).
+    long = "carcinom ductal invaziv " * 6
+    ex = build_example(tok, Q, long, ctx, "qea", context_tokens=120, reserve=10)
+    assert len(ex["input_ids"]) == 120
+
+
 @pytest.mark.parametrize("fmt", ["qea", "eqa"])
 def test_labels_trimming_and_eos(tok, epicrisis, fmt):
     ctx = encode_context(tok, epicrisis)

@@ -86,7 +86,7 @@ def test_write_outputs_files(sweep):
     assert summary.best_trial == "a_00000"
     cfg = load_config(out / "best.yaml")  # a complete config medray train accepts
     assert cfg.optim.lr == 3e-3 and cfg.lora.r == 4
-    assert cfg.scaling.num_workers == 1 and cfg.data.max_train_examples == 64  # `fixed`
+    assert cfg.scaling.num_workers == 1 and cfg.data.max_train_examples == 32  # `fixed`
     assert (out / "best.yaml").read_text().startswith("# Best of 4 trials")
     assert any("val_loss" in line and "min" in line for line in logs)  # says how
     assert not list(out.glob(".*.tmp"))

@@ -1,11 +1,12 @@
-"""`medray eval-api` (issue 7; the lead will fold it into `medray eval --engine ...`).
-Only typer at import time: everything heavy is imported inside the command."""
+"""The `--engine` path of `medray eval` (issue 7), plus `medray ensemble` and `medray translate`.
+Only typer at import time: everything heavy is imported inside the functions."""
 
 from __future__ import annotations
 
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -32,36 +33,14 @@ def _api_kwargs(engine: str, concurrency: int, rpm: float | None, max_retries: i
             "timeout": timeout, "api_key_env": api_key_env, "params": extra}
 
 
-def eval_api(
-    engine: str = typer.Option(..., help="openai:MODEL | anthropic:MODEL (also hf:PATH, "
-                               "vllm:PATH, serve:URL)"),
-    data: Path = typer.Option(..., help="prepared dataset directory"),
-    output: Path = typer.Option(Path("runs/eval-api"), help="run directory (resumable)"),
-    base_url: str = typer.Option(None, help="OpenAI-compatible / Messages API base URL"),
-    sample: int = typer.Option(None, help="seeded random subset of N items (the papers' 100)"),
-    seed: int = typer.Option(0, help="seed of --sample, of the shots and of the bootstrap"),
-    dry_run: bool = typer.Option(False, help="print prompts, item count, token and cost "
-                                 "estimate; call nothing"),
-    allow_external_api: bool = typer.Option(False, help="permit sending clinical context "
-                                            "(MedQARo) to an external provider"),
-    shots: int = typer.Option(0, help="in-context examples (RoBiology: 0/1/3/5)"),
-    split: str = typer.Option("test", help="split to evaluate"),
-    group_as_multiple: bool = typer.Option(False, help="ask group items as multiple choice "
-                                           "over the statements, map back to a letter"),
-    cache: Path = typer.Option(None, help="response cache (default ~/.cache/medray/"
-                               "api_responses.sqlite or $MEDRAY_CACHE_DIR)"),
-    concurrency: int = typer.Option(4, help="API calls in flight at most"),
-    requests_per_minute: float = typer.Option(None, help="API call starts per minute at most"),
-    max_retries: int = typer.Option(5, help="SDK transport retries (429, 5xx, timeouts)"),
-    timeout: float = typer.Option(60.0, help="SDK request timeout, seconds"),
-    api_key_env: str = typer.Option(None, help="environment variable holding the API key "
-                                    "(default OPENAI_API_KEY / ANTHROPIC_API_KEY)"),
-    param: list[str] = typer.Option(None, help="extra request field KEY=VALUE (JSON value), "
-                                    "e.g. reasoning_effort=minimal for reasoning models whose "
-                                    "thinking counts against the minimal max tokens"),
-    as_json: bool = typer.Option(False, "--json", help="print the metrics as JSON"),
-) -> None:
-    """Zero-/few-shot evaluation through an API (or local) engine: accuracy with CIs."""
+def run_engine_eval(engine: str, output: Path, *, data: Path, dry_run: bool, as_json: bool,
+                    concurrency: int, requests_per_minute: float | None, max_retries: int,
+                    timeout: float, api_key_env: str | None, param: list[str] | None,
+                    **eval_opts: Any) -> None:
+    """`medray eval --engine SPEC --data DIR`: run, then print the summary (or JSON). The
+    options and their defaults are `eval_cmd`'s; `eval_opts` go to `run_external_eval`
+    (base_url, sample, seed, allow_external_api, shots, split, group_as_multiple, cache).
+    Errors print to stderr and exit 2."""
     from medray.data.schema import DataError
     from medray.engines.registry import EngineSpecError
     from medray.eval.api_eval import run_external_eval, summary_lines
@@ -82,11 +61,8 @@ def eval_api(
 
     try:
         result = run_external_eval(
-            engine, data, output, base_url=base_url, sample=sample, seed=seed,
-            progress=None if dry_run or as_json else progress,
-            dry_run=dry_run, allow_external_api=allow_external_api, shots=shots, split=split,
-            cache=cache, group_as_multiple=group_as_multiple,
-            engine_kwargs=api_kwargs)
+            engine, data, output, dry_run=dry_run, engine_kwargs=api_kwargs,
+            progress=None if dry_run or as_json else progress, **eval_opts)
     except (GovernanceError, EngineSpecError, RunMismatch, DataError, FileNotFoundError,
             KeyError, ValueError) as err:
         _fail(str(err))
@@ -134,7 +110,7 @@ def translate(
     data: Path = typer.Option(..., help="prepared multiple-choice dataset directory"),
     output: Path = typer.Option(..., help="new prepared dataset directory (language en)"),
     base_url: str = typer.Option(None, help="API base URL"),
-    cache: Path = typer.Option(None, help="response cache (default as eval-api)"),
+    cache: Path = typer.Option(None, help="response cache (default as `medray eval --engine`)"),
 ) -> None:
     """Translate questions and options to English (EuropeMedQA protocol), ids preserved."""
     from medray.engines.registry import EngineSpecError, build_engine, parse_spec

@@ -1,4 +1,4 @@
-"""`medray eval-api`: one engine (API or local) on one prepared dataset, end to end.
+"""`medray eval --engine`: one engine (API or local) on one prepared dataset, end to end.
 
 Order matters: the governance check runs right after the manifest is read and before any
 engine exists, so a refused run cannot have sent anything. `dry_run` renders the prompts
@@ -20,7 +20,14 @@ from medray.engines.accounting import PRICES_AS_OF, cost_usd, estimate_tokens
 from medray.engines.registry import parse_spec
 from medray.eval import runio
 from medray.eval.governance import check_external_use
-from medray.eval.mcq_run import MAX_TOKENS, mcq_metrics, render, run_mcq, sample_rows
+from medray.eval.mcq_run import (
+    MAX_TOKENS,
+    letter_counts,
+    mcq_metrics,
+    render,
+    run_mcq,
+    sample_rows,
+)
 from medray.prompts import medqaro_prompt
 
 log = logging.getLogger(__name__)
@@ -140,8 +147,8 @@ def run_external_eval(
     governance = check_external_use(data.dataset, spec, allow_external_api, base_url)
     if data.kind == "generative" and not spec.external and engine is None:
         raise ValueError(f"engine {spec}: generative MedQARo with a local engine needs the "
-                         "context trimming of `medray eval`; eval-api sends whole epicrises "
-                         "(API baselines)")
+                         "context trimming of `medray eval --config`; `--engine` sends whole "
+                         "epicrises (API baselines)")
     items = _items(data, split, sample, seed)
     if dry_run:
         return dry_run_report(str(spec), data, items, shots=shots, seed=seed)
@@ -163,9 +170,19 @@ def run_external_eval(
                          group_as_multiple=group_as_multiple, progress=progress)
         metrics = mcq_metrics(items, out, skipped_images=counts["skipped_images"],
                               group_as_multiple=group_as_multiple, seed=seed)
+        whole = data.split(split)  # the keys as prepared (after any option shuffling)
+        metrics["key_distribution_split"] = {"split": split, "n": int(len(whole)),
+                                             "counts": letter_counts(whole["answer"])}
+        metrics["shuffle"] = data.manifest.get("shuffle")
+        metrics["prompt"] = (f"mcq prompt per kind ({data.dataset}), {shots}-shot"
+                             + (f" (train-split shots, seed {seed})" if shots else "")
+                             + ("; group items asked as multiple choice over the statements"
+                                if group_as_multiple else ""))
     else:
         counts = {}
         metrics = run_generative(engine, data, items, out)
+        metrics["prompt"] = (f"qea (question, whole epicrisis, answer), 0-shot, at most "
+                             f"{GENERATIVE_MAX_TOKENS} new tokens")
     usage = engine.usage.summary() if hasattr(engine, "usage") else None
     metrics.update(
         dataset=data.dataset, split=split, engine=str(spec),
@@ -181,31 +198,76 @@ def run_external_eval(
 
 
 def summary_lines(m: dict) -> list[str]:
-    """Human lines: every number says how it was computed."""
+    """Human lines: every number says how it was computed (engine, model, split, n, sample,
+    prompt and shots, scoring)."""
     if m.get("dry_run"):
         e = m["estimate"]
         return [f"dry run: {m['engine']} on {m['dataset']}: {m['n_items']} items, "
                 f"{m['n_images']} images; estimated input tokens {e['input_tokens']}, "
                 f"output tokens at most {e['output_tokens_max']}, cost at most "
                 f"{e['cost_usd_max']} USD ({e['how']})"]
-    head = (f"{m['engine']} on {m['dataset']} split {m['split']}, n={m['n']}"
+    model = f" (model {m['model']})" if m.get("model") and m["model"] not in m["engine"] else ""
+    head = (f"{m['engine']}{model} on {m['dataset']} split {m['split']}, n={m['n']}"
             + (f" (seeded sample {m['sample']['n']} of {m['sample']['of']}, seed "
-               f"{m['sample']['seed']})" if m.get("sample") else ""))
-    if m.get("kind") == "mcq":
-        acc = m["metrics"]["accuracy"]
-        lines = [head, f"accuracy {_f(acc['mean'])} [95% CI {_f(acc['ci95'][0])}, "
-                 f"{_f(acc['ci95'][1])}] over {m['n_conforming']} conforming outputs "
-                 f"({m['n_nonconforming']} non-conforming excluded; all-correct rule; "
-                 f"item bootstrap); {m['n_skipped_images']} image items skipped",
-                 f"key distribution after shuffling: {m['key_distribution']}"]
-        if "loglik" in m:
-            ll = m["loglik"]
-            lines.append(f"option log-likelihood (single-answer, n={ll['n']}): acc "
-                         f"{_f(ll['acc']['mean'])}, acc_norm {_f(ll['acc_norm']['mean'])}")
-        return lines
-    f1 = m["metrics"]["f1"]
-    return [head, f"F1 {_f(f1['mean'])} [95% CI {_f(f1['ci95'][0])}, {_f(f1['ci95'][1])}] "
-                  f"(mode {m['mode']}, patient bootstrap)"]
+               f"{m['sample']['seed']})" if m.get("sample") else "")
+            + (f"; prompt: {m['prompt']}" if m.get("prompt") else ""))
+    lines = [head, *(_mcq_lines(m) if m.get("kind") == "mcq" else _generative_lines(m))]
+    u = m.get("usage")
+    if u:
+        lines.append(f"API calls: {u['calls']} new, {u['cached']} from the response cache; "
+                     f"tokens {u['input_tokens']} in / {u['output_tokens']} out (provider-"
+                     f"reported, new calls); cost {u['cost_usd']} USD at list prices as of "
+                     f"{u['prices_as_of']}")
+    return lines
+
+
+def _ci(block: dict) -> str:
+    lo, hi = block.get("ci95") or (None, None)
+    if _f(block.get("mean")) == "n/a":
+        return "n/a (nothing to average)"
+    return f"{_f(block['mean'])} [95% CI {_f(lo)}, {_f(hi)}]"
+
+
+def _mcq_lines(m: dict) -> list[str]:
+    ci = m.get("how", {}).get("ci", {})
+    boot = (f"percentile bootstrap over items, {ci.get('resamples')} resamples, seed "
+            f"{ci.get('seed')}")
+    lines = [f"accuracy {_ci(m['metrics']['accuracy'])}: exact set of letters (all-correct "
+             f"rule), {m['n_conforming']} conforming of {m['n']} outputs, "
+             f"{m['n_nonconforming']} non-conforming excluded; {boot}; "
+             f"{m['n_skipped_images']} image items skipped (images go to API engines only)"]
+    for kind, b in sorted(m.get("per_kind", {}).items()):
+        lines.append(f"  {kind}: accuracy {_ci(b['metrics']['accuracy'])}, {b['n_conforming']} "
+                     f"conforming of {b['n']}")
+    shuffle = m.get("shuffle") or {}
+    how = (f"options shuffled per item, seed {shuffle.get('seed')}" if shuffle.get("enabled")
+           else "options as released (no shuffle)")
+    lines.append(f"gold-key letters ({how}), of the {m['n']} scored "
+                 f"items: {_counts(m['key_distribution'])}")
+    whole = m.get("key_distribution_split")
+    if whole:
+        lines.append(f"gold-key letters over the whole {whole['split']} split "
+                     f"({whole['n']} items): {_counts(whole['counts'])}")
+    if "loglik" in m:
+        ll = m["loglik"]
+        lines.append(f"option log-likelihood (single-answer items, n={ll['n']}, argmax of "
+                     f"summed log-prob / of log-prob per character): acc {_ci(ll['acc'])}, "
+                     f"acc_norm {_ci(ll['acc_norm'])}; {boot}")
+    return lines
+
+
+def _generative_lines(m: dict) -> list[str]:
+    ci = m.get("how", {}).get("ci", {})
+    boot = (f"percentile bootstrap over {ci.get('unit', 'item')}s, {ci.get('resamples')} "
+            f"resamples, seed {ci.get('seed')}")
+    scores = ", ".join(f"{label} {_ci(m['metrics'][name])}" for name, label in
+                       (("f1", "F1"), ("em", "EM")) if isinstance(m["metrics"].get(name), dict))
+    return [f"{scores} (metric mode {m['mode']}; {boot})"]
+
+
+def _counts(counts: dict) -> str:
+    total = sum(counts.values()) or 1
+    return ", ".join(f"{k} {v} ({100 * v / total:.0f}%)" for k, v in sorted(counts.items()))
 
 
 def _f(x: float | None) -> str:

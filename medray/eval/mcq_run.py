@@ -221,8 +221,8 @@ def mcq_metrics(items: pd.DataFrame, out: str | Path, *, skipped_images: Sequenc
                        n_resamples=n_resamples, seed=seed)
     result["n_selected"] = int(len(items))
     result["n_skipped_images"] = len(skipped_images)
-    result["key_distribution"] = _letter_counts(table["answer"])
-    result["prediction_distribution"] = _letter_counts(
+    result["key_distribution"] = letter_counts(table["answer"])
+    result["prediction_distribution"] = letter_counts(
         [preds[i].get("labels") or [] for i in table["id"] if preds[i]["conforming"]])
     ll = [preds[i] for i in table["id"] if "loglik_prediction" in preds[i]]
     if ll:
@@ -238,6 +238,6 @@ def mcq_metrics(items: pd.DataFrame, out: str | Path, *, skipped_images: Sequenc
     return result
 
 
-def _letter_counts(lists: Sequence[Sequence[str]]) -> dict[str, int]:
+def letter_counts(lists: Sequence[Sequence[str]]) -> dict[str, int]:
     c = Counter(x for labels in lists for x in labels)
     return dict(sorted(c.items()))

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import inspect
 import json
-import os
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -18,16 +18,9 @@ def _fail(message: str) -> None:
 
 
 def _init_ray(address: str | None, num_cpus: int | None) -> None:
-    import ray
+    from medray.raycluster import connect
 
-    if ray.is_initialized():
-        return
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        # Serve's proxy and the ingress need logical CPUs beside the LLM replicas' bundles.
-        ray.init(num_cpus=num_cpus or max(4, os.cpu_count() or 1), include_dashboard=False,
-                 log_to_driver=False)
+    connect(address, num_cpus=num_cpus, log_to_driver=False)
 
 
 def serve_cmd(
@@ -63,13 +56,94 @@ def serve_cmd(
         serve.shutdown()
 
 
+_CFG = "--config path (evaluation actors on Ray)"
+_ENG = "--engine path (API or local engine)"
+
+
 def eval_cmd(
-    config: Annotated[Path, typer.Option("--config", "-c", help="eval config YAML")],
-    output: Annotated[Path, typer.Option("--output", "-o", help="run directory (resumable)")],
-    address: Annotated[str | None, typer.Option(help="Ray address (default: local)")] = None,
-    num_cpus: Annotated[int | None, typer.Option(help="logical CPUs of a local Ray")] = None,
+    config: Annotated[Path | None, typer.Option(
+        "--config", "-c", help="eval config YAML (Serve/vLLM/baseline evaluation actors)",
+        rich_help_panel=_CFG)] = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="run directory (resumable; required)")] = None,
+    address: Annotated[str | None, typer.Option(
+        help="Ray address (default: local)", rich_help_panel=_CFG)] = None,
+    num_cpus: Annotated[int | None, typer.Option(
+        help="logical CPUs of a local Ray", rich_help_panel=_CFG)] = None,
+    engine: Annotated[str | None, typer.Option(
+        help="openai:MODEL | anthropic:MODEL (also hf:PATH, vllm:PATH, serve:URL)",
+        rich_help_panel=_ENG)] = None,
+    data: Annotated[Path | None, typer.Option(
+        help="prepared dataset directory (required with --engine)", rich_help_panel=_ENG)] = None,
+    base_url: Annotated[str | None, typer.Option(
+        help="OpenAI-compatible / Messages API base URL", rich_help_panel=_ENG)] = None,
+    sample: Annotated[int | None, typer.Option(
+        help="seeded random subset of N items (the papers' 100)", rich_help_panel=_ENG)] = None,
+    seed: Annotated[int, typer.Option(
+        help="seed of --sample, of the shots and of the bootstrap", rich_help_panel=_ENG)] = 0,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="print prompts, item count, token and cost estimate; call nothing",
+        rich_help_panel=_ENG)] = False,
+    allow_external_api: Annotated[bool, typer.Option(
+        "--allow-external-api", help="permit sending clinical context (MedQARo) to an "
+        "external provider", rich_help_panel=_ENG)] = False,
+    shots: Annotated[int, typer.Option(
+        help="in-context examples (RoBiology: 0/1/3/5)", rich_help_panel=_ENG)] = 0,
+    split: Annotated[str, typer.Option(help="split to evaluate", rich_help_panel=_ENG)] = "test",
+    group_as_multiple: Annotated[bool, typer.Option(
+        "--group-as-multiple", help="ask group items as multiple choice over the statements, "
+        "map back to a letter", rich_help_panel=_ENG)] = False,
+    cache: Annotated[Path | None, typer.Option(
+        help="response cache (default ~/.cache/medray/api_responses.sqlite or "
+        "$MEDRAY_CACHE_DIR)", rich_help_panel=_ENG)] = None,
+    concurrency: Annotated[int, typer.Option(
+        help="API calls in flight at most", rich_help_panel=_ENG)] = 4,
+    requests_per_minute: Annotated[float | None, typer.Option(
+        help="API call starts per minute at most", rich_help_panel=_ENG)] = None,
+    max_retries: Annotated[int, typer.Option(
+        help="SDK transport retries (429, 5xx, timeouts)", rich_help_panel=_ENG)] = 5,
+    timeout: Annotated[float, typer.Option(
+        help="SDK request timeout, seconds", rich_help_panel=_ENG)] = 60.0,
+    api_key_env: Annotated[str | None, typer.Option(
+        help="environment variable holding the API key (default OPENAI_API_KEY / "
+        "ANTHROPIC_API_KEY)", rich_help_panel=_ENG)] = None,
+    param: Annotated[list[str] | None, typer.Option(
+        help="extra request field KEY=VALUE (JSON value), e.g. reasoning_effort=minimal for "
+        "reasoning models whose thinking counts against the minimal max tokens",
+        rich_help_panel=_ENG)] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="print the metrics as JSON", rich_help_panel=_ENG)] = False,
+    ctx: typer.Context = None,  # type: ignore[assignment]  # None in a plain Python call
 ) -> None:
-    """Evaluate on a split through evaluation actors; rerun with the same --output resumes."""
+    """Evaluate on a split. Either --config EVAL.yaml (evaluation actors) or --engine SPEC
+    --data DIR (zero-/few-shot through an API or local engine: accuracy or F1 with CIs).
+    Rerun with the same --output resumes."""
+    engine_opts = dict(
+        data=data, base_url=base_url, sample=sample, seed=seed, dry_run=dry_run,
+        allow_external_api=allow_external_api, shots=shots, split=split,
+        group_as_multiple=group_as_multiple, cache=cache, concurrency=concurrency,
+        requests_per_minute=requests_per_minute, max_retries=max_retries, timeout=timeout,
+        api_key_env=api_key_env, param=param, as_json=as_json)
+    given = _given(ctx, {"config": config, "engine": engine, "address": address,
+                         "num_cpus": num_cpus, **engine_opts})
+    if (config is None) == (engine is None):
+        _fail("give either --config EVAL.yaml (evaluation actors) or --engine SPEC --data DIR "
+              f"(API or local engine), {'not both' if config else 'one of them'}")
+    misplaced = [flag for name, flag in given.items()
+                 if name in (engine_opts if config else ("address", "num_cpus"))]
+    if misplaced:
+        path, other = ("--config", "--engine") if config else ("--engine", "--config")
+        _fail(f"{', '.join(misplaced)}: {'options' if len(misplaced) > 1 else 'an option'} "
+              f"of `medray eval {other}`, not allowed with {path}")
+    if output is None:
+        _fail("missing option --output DIR (the run directory)")
+    if engine is not None:
+        if data is None:
+            _fail("--engine needs --data DIR (a prepared dataset directory)")
+        from medray.eval.api_commands import run_engine_eval
+
+        run_engine_eval(engine, output, **engine_opts)
+        return
     from medray.eval.config import load_eval_config
 
     try:
@@ -83,6 +157,19 @@ def eval_cmd(
 
     summary = run_eval(cfg, output)
     _print_summary(summary, output)
+
+
+def _given(ctx: typer.Context | None, values: dict[str, Any]) -> dict[str, str]:
+    """Option name -> flag, for the options the user set. The CLI records where each value
+    came from, so `--seed 0` counts as given; a plain Python call (jobs/evaluate.py) counts
+    the values that differ from eval_cmd's defaults."""
+    if ctx is None:
+        defaults = inspect.signature(eval_cmd).parameters
+        return {n: "--" + n.replace("_", "-") for n, v in values.items()
+                if v != defaults[n].default}
+    flags = {p.name: p.opts[0] for p in ctx.command.params}
+    return {n: flags[n] for n in values
+            if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"}
 
 
 def _print_summary(summary: dict, output: Path) -> None:

@@ -37,6 +37,10 @@ class LoraConfig(_Strict):
     dropout: float = Field(0.05, ge=0.0, lt=1.0)
     # "auto": the papers' attention projections per architecture (q,k,v,o; Phi: qkv,o).
     target_modules: list[str] | Literal["auto", "all-linear"] = "auto"
+    # Modules trained in full and saved with the adapter (PEFT modules_to_save), e.g.
+    # ["embed_tokens"]; tied input/output embeddings stay tied (ensure_weight_tying).
+    # vLLM serves only plain LoRA: serve such an adapter merged (`medray export --merge`).
+    modules_to_save: list[str] = Field(default_factory=list)
 
 
 class DataConfig(_Strict):
@@ -144,7 +148,7 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-def _format_errors(exc: ValidationError, source: str) -> str:
+def format_errors(exc: ValidationError, source: str) -> str:
     lines = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"]) or "<root>"
@@ -161,7 +165,7 @@ def validate_config(raw: dict, source: str = "<config>") -> TrainConfig:
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, source)) from None
+        raise ConfigError(format_errors(exc, source)) from None
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
@@ -177,6 +181,16 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
         raise ConfigError(f"{path}: top level must be a mapping")
     raw = apply_overrides(raw, overrides or [])
     return validate_config(raw, str(path))
+
+
+def peft_lora_config(cfg: TrainConfig, targets: str | list[str]) -> Any:
+    """The PEFT LoraConfig of a run (training, the demo's recipe study)."""
+    from peft import LoraConfig as PeftLoraConfig
+
+    save = list(cfg.lora.modules_to_save)
+    return PeftLoraConfig(r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
+                          target_modules=targets, task_type="CAUSAL_LM", bias="none",
+                          modules_to_save=save or None, ensure_weight_tying=bool(save))
 
 
 def deepspeed_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:

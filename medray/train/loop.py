@@ -15,7 +15,7 @@ from typing import Any
 
 from medray.train.checkpoints import load_state, save_checkpoint
 from medray.train.collate import micro_batches, model_inputs, useful_tokens
-from medray.train.config import TrainConfig, deepspeed_config
+from medray.train.config import TrainConfig, deepspeed_config, peft_lora_config
 
 
 def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
@@ -166,7 +166,7 @@ def train_loop_per_worker(config: dict) -> None:
     import deepspeed
     import ray.train
     import torch
-    from peft import LoraConfig, get_peft_model
+    from peft import get_peft_model
     from transformers import get_scheduler
 
     from medray.models import check_lora_targets, load_model_and_tokenizer
@@ -186,9 +186,7 @@ def train_loop_per_worker(config: dict) -> None:
         model.gradient_checkpointing_enable()
         model.enable_input_require_grads()
     targets = check_lora_targets(model, cfg.lora.target_modules)
-    model = get_peft_model(model, LoraConfig(
-        r=cfg.lora.r, lora_alpha=cfg.lora.alpha, lora_dropout=cfg.lora.dropout,
-        target_modules=targets, task_type="CAUSAL_LM", bias="none"))
+    model = get_peft_model(model, peft_lora_config(cfg, targets))
     if cfg.model.dtype != "fp32":  # trainable LoRA weights in the training precision
         model.to(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[cfg.model.dtype]))
     trainable = [p for p in model.parameters() if p.requires_grad]

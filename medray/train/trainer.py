@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ MEDQARO_METRIC_NOTE = (
 def preflight(cfg: TrainConfig) -> dict[str, Any]:
     """Every check that can fail before workers start; returns the run plan."""
     from medray.data.prepared import load_prepared
-    from medray.models import check_lora_targets, load_tokenizer, meta_model
+    from medray.models import LoraTargetError, check_lora_targets, load_tokenizer, meta_model
     from medray.tokenize import answer_ids, check_budget, prompt_pieces
 
     # Workers do not share the driver's working directory: make local paths absolute.
@@ -42,6 +43,11 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         cfg.data.path = str(Path(cfg.data.path).resolve())
     model = meta_model(cfg.model.name_or_path, cfg.model.trust_remote_code)
     targets = check_lora_targets(model, cfg.lora.target_modules)
+    names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
+    unknown = [m for m in cfg.lora.modules_to_save if m not in names]
+    if unknown:
+        raise LoraTargetError(f"lora.modules_to_save {unknown} match no module of "
+                              f"{type(model).__name__}")
     del model
     data_dir = Path(cfg.data.path)
     if not (data_dir / "manifest.json").is_file():
@@ -61,14 +67,15 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         train = train.head(cfg.data.max_train_examples)
     if cfg.data.max_val_examples:
         val = val.head(cfg.data.max_val_examples)
-    check_budget(tokenizer, train, cfg.data.prompt_format, cfg.data.context_tokens)
-    check_budget(tokenizer, val, cfg.data.prompt_format, cfg.data.context_tokens)
+    reserve = cfg.data.max_new_tokens  # training prompts = served prompts (build_example)
+    check_budget(tokenizer, train, cfg.data.prompt_format, cfg.data.context_tokens, reserve)
+    check_budget(tokenizer, val, cfg.data.prompt_format, cfg.data.context_tokens, reserve)
 
     # Prompt (without context) + answer lengths: the schedule is sized from them once the
     # epicrises are tokenised (see schedule()).
     fixed = [
         prompt_pieces(tokenizer, r.question, cfg.data.prompt_format).fixed
-        + len(answer_ids(tokenizer, r.answer))
+        + max(len(answer_ids(tokenizer, r.answer)), reserve)
         for r in train.itertuples(index=False)
     ]
     return {
@@ -123,7 +130,7 @@ def _val_generate_items(cfg: TrainConfig, plan: dict, contexts: dict) -> list[di
 
 
 def build_trainer(cfg: TrainConfig, output: Path, plan: dict, contexts_ref: Any,
-                  datasets: dict[str, Any]) -> Any:
+                  datasets: dict[str, Any], callbacks: Sequence[Any] = ()) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -146,6 +153,7 @@ def build_trainer(cfg: TrainConfig, output: Path, plan: dict, contexts_ref: Any,
                 checkpoint_score_attribute=cfg.checkpoint.metric,
                 checkpoint_score_order=cfg.checkpoint.mode),
             worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+            callbacks=list(callbacks),
         ),
         datasets=datasets,
     )
@@ -161,28 +169,31 @@ def _datasets(cfg: TrainConfig, plan: dict, contexts: dict, contexts_ref: Any) -
     train = examples_dataset(cfg.data.path, cfg.data.train_split, cfg.model.name_or_path,
                              contexts_ref, fmt=cfg.data.prompt_format,
                              context_tokens=cfg.data.context_tokens, mode=cfg.data.mode,
-                             ids=plan["train_ids"])
+                             ids=plan["train_ids"], reserve=cfg.data.max_new_tokens)
     # Validation runs every epoch; building it once avoids re-spawning the pipeline.
     val = load_prepared(cfg.data.path).split(cfg.data.val_split).sort_values("id")
     if plan["val_ids"] is not None:
         val = val[val["id"].isin(set(plan["val_ids"]))]
     assembler = ExampleAssembler(cfg.model.name_or_path, contexts, cfg.data.prompt_format,
-                                 cfg.data.context_tokens)
+                                 cfg.data.context_tokens, reserve=cfg.data.max_new_tokens)
     return {"train": train, "val": ray.data.from_pandas(assembler(val))}
 
 
-def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print) -> dict:
+def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print,
+                 callbacks: Sequence[Any] = ()) -> dict:
+    """`medray train`. `callbacks`: extra Ray Train callbacks on the TorchTrainer's RunConfig
+    (a Tune sweep passes its TuneReportCallback here, medray.tune.trial)."""
     import ray
 
+    from medray.raycluster import connect
     from medray.tokenize import context_table, tokenize_contexts
     from medray.train.checkpoints import export_adapter, load_state
 
     output = Path(output)
     plan = preflight(cfg)
     output.mkdir(parents=True, exist_ok=True)
-    if not ray.is_initialized():
-        # RAY_ADDRESS set (ray job submit, a cluster): connect; otherwise a local cluster.
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None, log_to_driver=True)
+    # RAY_ADDRESS set (ray job submit, a cluster): join it; otherwise a local cluster.
+    connect(min_cpus=cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + 2)
     log(f"preflight ok: {plan['n_train']} train / {plan['n_val']} val examples, "
         f"LoRA targets {plan['lora_targets']}")
 
@@ -195,7 +206,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     plan["tensorboard_dir"] = str((output / "tensorboard").resolve())
     contexts_ref = ray.put(contexts)
     trainer = build_trainer(cfg, output, plan, contexts_ref,
-                            _datasets(cfg, plan, contexts, contexts_ref))
+                            _datasets(cfg, plan, contexts, contexts_ref), callbacks)
     result = trainer.fit()
     if result.error:
         raise result.error

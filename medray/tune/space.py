@@ -166,19 +166,6 @@ class Space(_Strict):
 # ----------------------------------------------------------------------------- loading
 
 
-def _format(exc: ValidationError, source: str) -> str:
-    out = []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"] if not str(p).startswith("function-"))
-        if err["type"] == "extra_forbidden":
-            out.append(f"{source}: unknown key '{key}'")
-        elif err["type"] == "missing":
-            out.append(f"{source}: missing key '{key}'")
-        else:
-            out.append(f"{source}: '{key}': {err['msg']}")
-    return "\n".join(out)
-
-
 def load_space(path: str | os.PathLike) -> Space:
     path = Path(path)
     if not path.is_file():
@@ -193,10 +180,12 @@ def load_space(path: str | os.PathLike) -> Space:
 
 
 def parse_space(raw: dict, source: str = "<space>") -> Space:
+    from medray.train.config import format_errors
+
     try:
         return Space.model_validate(raw)
     except ValidationError as exc:
-        raise SpaceError(_format(exc, source)) from None
+        raise SpaceError(format_errors(exc, source)) from None
 
 
 # ------------------------------------------------------------- checks vs the training config
@@ -237,23 +226,22 @@ def clean_value(value: Any) -> Any:
     return value
 
 
-def set_dotted(raw: dict, dotted: str, value: Any) -> dict:
-    node = raw
-    parts = dotted.split(".")
-    for part in parts[:-1]:
-        child = node.get(part)
-        if not isinstance(child, dict):
-            child = node[part] = {}
-        node = child
-    node[parts[-1]] = value
-    return raw
+def as_overrides(params: dict[str, Any]) -> list[str]:
+    """Dotted `key=value` items that medray.train.config parses back to exactly these values
+    (YAML-dumped: 1e-06 -> `1.0e-06`, which YAML 1.1 reads as a float, not a string)."""
+    def dump(value: Any) -> str:
+        text = yaml.safe_dump(clean_value(value), default_flow_style=True, width=math.inf)
+        return text.removesuffix("...\n").strip()
+
+    return [f"{key}={dump(value)}" for key, value in params.items()]
 
 
 def apply_params(raw: dict, params: dict[str, Any]) -> dict:
-    out = copy.deepcopy(raw)
-    for key, value in params.items():
-        set_dotted(out, key, clean_value(value))
-    return out
+    """A copy of the raw training config with each dotted key set (the config's own
+    `key=value` override code, so a sweep and `medray train k=v` set values the same way)."""
+    from medray.train.config import apply_overrides
+
+    return apply_overrides(copy.deepcopy(raw), as_overrides(params))
 
 
 def check_keys(space: Space, source: str = "<space>") -> None:

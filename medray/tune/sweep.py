@@ -12,6 +12,9 @@ Layout of a sweep directory DIR:
         train/              the `medray train` output of the trial: tensorboard/, adapter/,
                             metrics.json (finished trials), ray/ (Train checkpoints)
         medray_trial.jsonl  start/end events of the driver (a restart shows as a 2nd start)
+    asha_rungs.json         ASHA's rungs (Tune does not save the scheduler; resume reads
+                            them). Not inside sweep/: Tune's sync of its staging copy
+                            would overwrite it with the version it restored from
     trials.csv  best.yaml  val_f1_vs_hparams.png   (written by medray.tune.outputs)
 """
 
@@ -29,6 +32,7 @@ from medray.tune.space import (
     Space,
     SpaceError,
     apply_params,
+    as_overrides,
     check_key,
     check_keys,
     load_space,
@@ -39,6 +43,7 @@ SPEC_FILE = "sweep_spec.json"
 EXPERIMENT = "sweep"
 EVENTS_FILE = "medray_trial.jsonl"
 TRAIN_SUBDIR = "train"
+ASHA_STATE = "asha_rungs.json"  # medray.tune.scheduler: ASHA's rungs, read back on resume
 # Metrics the training loop reports at each epoch end (medray.train.loop).
 REPORTED_METRICS = ("val_loss", "val_f1", "val_em", "train_loss")
 
@@ -125,7 +130,7 @@ def plan_sweep(config: str | os.PathLike, space_path: str | os.PathLike,
         except KeyError as exc:
             raise ConfigError(f"override {item!r}: {exc.args[0]}") from None
     # Order: config file < space `fixed` < command-line overrides < the trial's sample.
-    fixed = [f"{k}={json.dumps(v)}" for k, v in space.fixed.items()]
+    fixed = as_overrides(space.fixed)
     try:
         cfg = load_config(config, fixed + overrides)
     except ConfigError as exc:
@@ -195,10 +200,6 @@ def snapshot_statuses(experiment_dir: Path) -> dict[str, str]:
 # ------------------------------------------------------------------ Tune configuration
 
 
-def _final_epochs(plan: SweepPlan, config: dict) -> int:
-    return int(config.get("optim.epochs", plan.base["optim"]["epochs"]))
-
-
 def make_scheduler(plan: SweepPlan) -> Any:
     from medray.tune.scheduler import FinalEpochASHA
 
@@ -210,7 +211,8 @@ def make_scheduler(plan: SweepPlan) -> Any:
     return FinalEpochASHA(time_attr=sched.time_attr, max_t=max(int(max_epochs), 1),
                           grace_period=sched.grace_period,
                           reduction_factor=sched.reduction_factor,
-                          final_epochs=int(plan.base["optim"]["epochs"]))
+                          final_epochs=int(plan.base["optim"]["epochs"]),
+                          state_file=plan.output / ASHA_STATE)
 
 
 def make_search_alg(plan: SweepPlan, max_concurrent: int = 0) -> Any:
@@ -264,6 +266,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print) -> Any
     import ray
     from ray import tune
 
+    from medray.raycluster import connect
     from medray.tune.outputs import write_outputs
 
     exp = plan.experiment_dir
@@ -272,9 +275,9 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print) -> Any
     if not resume and exp.exists() and any(exp.iterdir()):
         raise FileExistsError(f"{exp} already holds a sweep; pass --resume to continue it "
                               "or choose another --output")
-    if not ray.is_initialized():
-        # RAY_ADDRESS set (ray job submit, a cluster): connect; otherwise a local cluster.
-        ray.init(address=os.environ.get("RAY_ADDRESS") or None)
+    # RAY_ADDRESS set (ray job submit, a cluster): join it; otherwise a local cluster with
+    # room for every concurrent trial's driver and Train workers plus Ray Data's tasks.
+    connect(min_cpus=per_trial_resources(plan)["CPU"] * (plan.max_concurrent_trials or 1) + 2)
     concurrency = plan.max_concurrent_trials or auto_concurrency(plan, ray.cluster_resources())
     need = per_trial_resources(plan)
     log(f"sweep: search {plan.search}, metric {plan.metric} ({plan.mode}), "
@@ -294,6 +297,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print) -> Any
                                    restart_errored=False)
     else:
         _write_spec(plan)
+        (plan.output / ASHA_STATE).unlink(missing_ok=True)  # rungs of an earlier sweep
         tuner = tune.Tuner(
             _trainable(plan),
             param_space=plan.space.tune_param_space(plan.search),

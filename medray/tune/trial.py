@@ -21,6 +21,7 @@ import ray
 from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
+from medray.train.trainer import run_training
 from medray.tune.sweep import EVENTS_FILE, TRAIN_SUBDIR, read_events, trial_config
 
 
@@ -48,28 +49,18 @@ class ReportToTune(TuneReportCallback):
         super().after_report(run_context, metrics, checkpoint)
 
 
-def _run_training(cfg: Any, out: Path, callbacks: list) -> dict:
-    """`medray train`'s run_training, with extra Ray Train callbacks on its TorchTrainer."""
-    import inspect
+def _quiet_fast_data() -> None:
+    """Ray Data settings for the datasets this trial process builds (each Dataset keeps the
+    DataContext it was created under, so the Train workers' pipelines get them too): the
+    small-data Parquet reader (see medray.raycluster) and no progress bars (Tune's status
+    table reports the trials; per-trial bars interleaved in one log only hide it).
+    """
+    from ray.data import DataContext
 
-    from medray.train import trainer as train_mod
+    from medray.raycluster import use_small_data_reader
 
-    if "callbacks" in inspect.signature(train_mod.run_training).parameters:
-        return train_mod.run_training(cfg, out, callbacks=callbacks)
-    # Until run_training takes `callbacks`: wrap its builder in THIS trial process only
-    # (each trial is its own actor process). The trainer reads run_config.callbacks at fit.
-    build = train_mod.build_trainer
-
-    def build_with_callbacks(*args: Any, **kwargs: Any) -> Any:
-        trainer = build(*args, **kwargs)
-        trainer.run_config.callbacks = [*(trainer.run_config.callbacks or []), *callbacks]
-        return trainer
-
-    train_mod.build_trainer = build_with_callbacks
-    try:
-        return train_mod.run_training(cfg, out)
-    finally:
-        train_mod.build_trainer = build
+    use_small_data_reader()
+    DataContext.get_current().enable_progress_bars = False
 
 
 def run_trial(config: dict, base: dict) -> None:
@@ -90,8 +81,9 @@ def run_trial(config: dict, base: dict) -> None:
     _event(trial_dir, "start", trial_id=ctx.get_trial_id(), pid=os.getpid())
     cfg = TrainConfig.model_validate(trial_config(base, config))
     me = ray.get_runtime_context().current_actor
+    _quiet_fast_data()
     # Same Train run name + storage on a restart: Train V2 resumes from its last checkpoint.
-    metrics = _run_training(cfg, out, [ReportToTune(me)])
+    metrics = run_training(cfg, out, callbacks=[ReportToTune(me)])
     last = metrics["epochs"][-1] if metrics.get("epochs") else {}
     final = {k: v for k, v in last.items() if isinstance(v, int | float)}
     _event(trial_dir, "end", trial_id=ctx.get_trial_id(), final=final)
