@@ -9,7 +9,7 @@ from typing import Any
 
 from medray.demo_config import DemoConfig
 from medray.eval.report import load_run, to_markdown, write_report
-from medray.eval.runio import write_json_atomic
+from medray.fsutil import atomic_file, write_json_atomic, write_text_atomic
 
 METRICS = ("f1", "em", "bleu", "meteor")
 LABELS = {"majority": "majority baseline (train-split majority answer)",
@@ -75,7 +75,8 @@ def plot_systems(rows: list[dict[str, Any]], path: Path) -> Path:
     ax.set_title("medray demo: synthetic MedQARo-like data, tiny model")
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, format="png")
     plt.close(fig)
     return path
 
@@ -110,9 +111,7 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
     }
     write_json_atomic(output / "metrics.json", metrics)
     lines = _markdown(cfg, rows, margin, how, pretrain, last, timings, seed, memory)
-    tmp = output / ".report.md.tmp"
-    tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    tmp.replace(output / "report.md")
+    write_text_atomic(output / "report.md", "\n".join(lines) + "\n")
     table = [ln for ln in lines if ln.startswith("|")]
     return {**metrics, "lines": [*table, _margin_line(margin, cfg.eval.min_margin)]}
 

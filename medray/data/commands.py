@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -11,8 +12,31 @@ import typer
 data_app = typer.Typer(help="Synthesise, prepare and inspect benchmark data.",
                        no_args_is_help=True)
 
-DatasetOpt = Annotated[str, typer.Option("--dataset", "-d",
-                                         help="medqaro | robiology | europemedqa")]
+
+class Dataset(StrEnum):
+    medqaro = "medqaro"
+    robiology = "robiology"
+    europemedqa = "europemedqa"
+
+
+class Scale(StrEnum):
+    small = "small"
+    paper = "paper"
+
+
+class Compat(StrEnum):
+    medqaro = "medqaro"
+
+
+class PromptFormat(StrEnum):
+    qea = "qea"
+    eqa = "eqa"
+
+
+DatasetOpt = Annotated[Dataset, typer.Option("--dataset", "-d", help="the benchmark")]
+ForceOpt = Annotated[bool, typer.Option(
+    "--force", help="replace --out even if it is a non-empty folder medray did not create "
+    "(an output that equals, contains or lies inside the input is refused regardless)")]
 
 
 def fail(message: str) -> typer.Exit:
@@ -21,28 +45,23 @@ def fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
-def _check_dataset(dataset: str) -> None:
-    from medray.data.prepare import DATASETS
-
-    if dataset not in DATASETS:
-        raise fail(f"--dataset {dataset!r}: expected one of {', '.join(DATASETS)}")
-
-
 @data_app.command()
 def synth(
     dataset: DatasetOpt,
     out: Annotated[Path, typer.Option(help="directory for the raw files")],
     seed: int = 0,
-    scale: Annotated[str, typer.Option(help="small | paper")] = "small",
+    scale: Annotated[Scale, typer.Option(help="corpus size")] = Scale.small,
+    force: ForceOpt = False,
 ) -> None:
     """Write deterministic synthetic data in the benchmark's released raw format."""
-    _check_dataset(dataset)
     from medray.data import synth as generators
+    from medray.fsutil import OutputRefused
 
-    if scale not in generators.SCALES:
-        raise fail(f"--scale {scale!r}: expected one of {', '.join(generators.SCALES)}")
-    write = getattr(generators, f"write_{dataset}")
-    path = write(out, seed=seed, scale=scale)
+    write = generators.WRITERS[dataset.value]
+    try:
+        path = write(out, seed=seed, scale=scale.value, force=force)
+    except OutputRefused as err:
+        raise fail(str(err)) from None
     typer.echo(f"wrote synthetic {dataset} (seed {seed}, scale {scale}) to {path}")
 
 
@@ -51,38 +70,57 @@ def prepare(
     dataset: DatasetOpt,
     input: Annotated[Path, typer.Option("--input", "-i", help="raw file or directory")],
     out: Annotated[Path, typer.Option(help="prepared dataset directory")],
-    compat: Annotated[str | None, typer.Option(
+    compat: Annotated[Compat | None, typer.Option(
         help="'medqaro': reproduce the reference's newline deletion (glues words)")] = None,
     shuffle: Annotated[bool, typer.Option(
         help="EuropeMedQA: permute options per item (protocol, seed 42)")] = True,
     seed: int = 42,
+    encoding: Annotated[str | None, typer.Option(
+        help="text encoding of the raw files (default: UTF-8, with or without BOM), "
+        "e.g. cp1250, cp1252, latin-2")] = None,
+    force: ForceOpt = False,
 ) -> None:
     """Validate and normalise raw files into one Arrow schema (Parquet)."""
-    _check_dataset(dataset)
     from medray.data.prepare import prepare as run_prepare
     from medray.data.schema import DataError
     from medray.data.stats import compute_stats, letter_shares
+    from medray.fsutil import OutputRefused
 
     if not input.exists():
         raise fail(f"--input {input}: no such file or directory")
     try:
-        data = run_prepare(dataset, input, out, compat=compat, shuffle=shuffle, seed=seed)
-    except DataError as err:
+        data = run_prepare(dataset.value, input, out, compat=compat and compat.value,
+                           shuffle=shuffle, seed=seed, encoding=encoding, force=force)
+    except (DataError, OutputRefused) as err:
         raise fail(str(err)) from None
+    _print_files(data.manifest)
     stats = compute_stats(data)
-    typer.echo(f"prepared {dataset} -> {out} ({stats['examples']} examples)")
+    typer.echo(f"prepared {dataset.value} -> {out} ({stats['examples']} examples)")
     for split, n in stats["splits"].items():
         extra = f", {stats['patients'][split]} patients" if "patients" in stats else ""
         typer.echo(f"  {split}: {n} examples{extra}")
     if "contexts" in stats:
         typer.echo(f"  contexts stored once: {stats['contexts']}"
                    f" (compat: {data.manifest['compat'] or 'none'})")
-    if dataset == "europemedqa":
+    if dataset is Dataset.europemedqa:
         removed = data.manifest["removed"]["no_validated_key"]
         shuffled = f"on (seed {seed})" if shuffle else "off"
         typer.echo(f"  removed without a validated key: {removed}; option shuffle {shuffled}")
         typer.echo(f"  key letters over single-answer items: {stats['answer_letters']} "
                    f"shares {letter_shares(stats['answer_letters'])}")
+
+
+def _print_files(manifest: dict) -> None:
+    """Which file became which split, and what was ignored: discovery is never silent."""
+    files = manifest.get("files") or {}
+    pairs = ([(path, split) for split, path in files.items()] if manifest["dataset"] == "medqaro"
+             else list(files.items()))
+    for path, split in pairs:
+        typer.echo(f"  {Path(path).name} -> {split}")
+    if manifest["dataset"] == "medqaro" and "val" not in files:
+        typer.echo("  no val split (val.csv): training will have no validation data")
+    for path in manifest.get("ignored") or []:
+        typer.echo(f"  ignored: {Path(path).name}")
 
 
 @data_app.command()
@@ -125,7 +163,8 @@ def stats(
 def prompt(
     directory: Annotated[Path, typer.Argument(help="prepared dataset directory")],
     id: Annotated[str, typer.Option("--id", help="example id, e.g. test:12")],
-    format: Annotated[str, typer.Option("--format", help="qea | eqa (MedQARo)")] = "qea",
+    format: Annotated[PromptFormat, typer.Option("--format", help="MedQARo prompt order")
+                      ] = PromptFormat.qea,
     context_tokens: Annotated[int | None, typer.Option(
         help="MedQARo: trim the epicrisis so the prompt fits N tokens")] = None,
     tokenizer: Annotated[str | None, typer.Option(
@@ -138,7 +177,7 @@ def prompt(
 
     try:
         data = load_prepared(directory)
-        text = render_example(data, id, fmt=format, context_tokens=context_tokens,
+        text = render_example(data, id, fmt=format.value, context_tokens=context_tokens,
                               tokenizer=tokenizer, shots=shots)
     except (KeyError, ValueError, FileNotFoundError) as err:
         raise fail(str(err).strip("'\"")) from None

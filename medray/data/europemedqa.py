@@ -13,9 +13,10 @@ import random
 import re
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 
+from medray.data.images import ImageError, confined_image
+from medray.data.readers import csv_header_and_rows, json_records, xlsx_records
 from medray.data.schema import LETTERS, MCQ_SCHEMA, DataError
 from medray.text import normalize
 
@@ -24,8 +25,12 @@ SHUFFLE_SEED = 42
 COUNTRIES = {"IT": ("it", "SSM"), "FR": ("fr", "ECN"), "ES": ("es", "MIR"), "PT": ("pt", "PNA")}
 TABLE_REQUIRED = ("questionID", "question_text", "option_a", "option_b", "correct_option")
 OPTION_COLUMNS = tuple(f"option_{c}" for c in "abcde")
-NO_VALUE = {"", "n/a", "na", "none", "nan", "-"}
-_LETTER_KEY = re.compile(r"^[A-E](\s*[,;/ ]?\s*[A-E])*$")
+NO_VALUE = {"", "n/a", "na", "none", "nan", "null", "-"}
+# Letters (any, so that 'F' on five options is the same error as 'E' on four), separated
+# or run together ("A,C", "AC").
+_LETTER_KEY = re.compile(r"^[A-Z](\s*[,;/ ]?\s*[A-Z])*$")
+# Countries whose exam admits several correct options (France's ECN).
+MULTI_ANSWER_COUNTRIES = frozenset({"FR"})
 
 
 def _blank(value: object) -> bool:
@@ -61,46 +66,62 @@ def _parse_key(file: str, row: int, original_id: str, raw: object, fulltext: obj
     if _blank(raw):
         return None
     text = str(raw).strip()
+    if re.fullmatch(r"[a-zA-Z]([\s,;/]+[a-zA-Z])*", text):  # "a", "a, c": single letters
+        text = text.upper()
     labels = LETTERS[: len(options)]
-    if _LETTER_KEY.match(text.upper()):
-        letters = sorted(set(re.findall(r"[A-E]", text.upper())))
+    if _LETTER_KEY.match(text):  # a letter key wins over an option that reads like one
+        letters = sorted(set(re.findall(r"[A-Z]", text)))
         bad = [c for c in letters if c not in labels]
         if bad:
             raise DataError(file, row, "correct_option", f"item {original_id}: answer key "
                             f"{text!r} is not among the options ({', '.join(labels)})")
+        if len(letters) > 1 and _country(original_id) not in MULTI_ANSWER_COUNTRIES:
+            raise DataError(file, row, "correct_option", f"item {original_id}: {text!r} has "
+                            f"several letters; only {', '.join(sorted(MULTI_ANSWER_COUNTRIES))}"
+                            " items may have more than one correct option")
         return letters
     # The protocol's table may carry the correct option's full text instead of a letter.
     for candidate in (text, fulltext):
         if not _blank(candidate):
             norm = normalize(str(candidate)).casefold()
             hits = [labels[i] for i, o in enumerate(options) if normalize(o).casefold() == norm]
+            if len(hits) > 1 and _country(original_id) not in MULTI_ANSWER_COUNTRIES:
+                raise DataError(file, row, "correct_fulltext", f"item {original_id}: the key "
+                                "text matches several options (duplicate option texts?)")
             if hits:
                 return hits
     return None
 
 
-def _resolve_images(file: str, row: int, original_id: str, links: list[str],
-                    base: Path) -> list[str]:
+def _resolve_images(file: str, row: int, original_id: str, links: list[str], base: Path,
+                    root: Path, field: str = "picture_link") -> list[str]:
     paths = []
     for link in links:
-        path = (base / link).resolve()
-        if not path.is_file():
-            raise DataError(file, row, "picture_link",
-                            f"item {original_id}: image {link!r} not found (looked at {path})")
-        paths.append(str(path))
+        if not isinstance(link, str) or not link.strip():
+            raise DataError(file, row, field, f"item {original_id}: image path {link!r} is "
+                            "not a non-empty string")
+        try:
+            paths.append(str(confined_image(link, root, base)))
+        except ImageError as err:
+            raise DataError(file, row, field, f"item {original_id}: {err}") from None
     return paths
 
 
-def _read_table(path: Path) -> list[_Item]:
+def _read_table(path: Path, root: Path, encoding: str | None) -> list[_Item]:
     if path.suffix.lower() in (".xlsx", ".xls"):
-        frame = pd.read_excel(path, dtype=str, keep_default_na=False)
+        records = xlsx_records(path)
+        columns = None
     else:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
-    missing = [c for c in TABLE_REQUIRED if c not in frame.columns]
-    if missing:
-        raise DataError(str(path), None, missing[0], "required column is missing")
+        header, rows = csv_header_and_rows(path, encoding)
+        columns = header
+        records = ((row, dict(zip(header, values, strict=True))) for row, values in rows)
     items = []
-    for row, record in enumerate(frame.to_dict("records"), start=1):
+    for row, record in records:
+        if columns is None:
+            columns = list(record)
+        missing = [c for c in TABLE_REQUIRED if c not in columns]
+        if missing:
+            raise DataError(str(path), None, missing[0], "required column is missing")
         original_id = str(record["questionID"]).strip()
         for field in ("questionID", "question_text"):
             if _blank(record[field]):
@@ -117,28 +138,46 @@ def _read_table(path: Path) -> list[_Item]:
             if not links:
                 raise DataError(str(path), row, "picture_link",
                                 f"item {original_id}: picture_provided is yes but no link")
-        images = _resolve_images(str(path), row, original_id, links, path.parent)
+        images = _resolve_images(str(path), row, original_id, links, path.parent, root)
         meta = {"test_year": record.get("testyear") or None,
                 "number_in_test": record.get("numberintest") or None}
         items.append(_Item(str(path), row, original_id, record["question_text"], options, key,
                            images, record.get("language") or None, meta))
+    if columns is not None and not items:
+        missing = [c for c in TABLE_REQUIRED if c not in columns]
+        if missing:
+            raise DataError(str(path), None, missing[0], "required column is missing")
     return items
 
 
-def _read_json(path: Path) -> list[_Item]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise DataError(str(path), None, None, f"invalid JSON: {err}") from err
-    if not isinstance(data, list):
-        raise DataError(str(path), None, None, "expected a JSON list of questions")
+def _json_options(path: Path, row: int, original_id: str, raw: object) -> list[str]:
+    if not isinstance(raw, list) or len(raw) > len(LETTERS):
+        raise DataError(str(path), row, "options", f"item {original_id}: expected a list of "
+                        f"at most {len(LETTERS)} options")
+    options = []
+    for i, option in enumerate(raw, start=1):
+        text = option.get("text") if isinstance(option, dict) else None
+        if isinstance(text, int | float) and not isinstance(text, bool):
+            text = str(text)  # numeric answers ("6", "12") are written as JSON numbers
+        if not isinstance(text, str) or _blank(text):
+            raise DataError(str(path), row, "options", f"item {original_id}: option {i} has "
+                            "no 'text'")
+        options.append(text)
+    return options
+
+
+def _read_json(path: Path, root: Path, encoding: str | None) -> list[_Item]:
     items = []
-    for row, record in enumerate(data, start=1):
+    for row, record in json_records(path, encoding):
+        if not isinstance(record, dict):
+            raise DataError(str(path), row, None, "expected a JSON object, got "
+                            f"{type(record).__name__}")
         for field in ("id", "question", "options"):
-            if not record.get(field):
+            value = record.get(field)
+            if not value or (isinstance(value, str) and _blank(value)):
                 raise DataError(str(path), row, field, "missing or empty")
         original_id = str(record["id"]).strip()
-        options = [str(o["text"]) for o in record["options"]]
+        options = _json_options(path, row, original_id, record["options"])
         letters = [str(o.get("letter", LETTERS[i])).upper() for i, o in
                    enumerate(record["options"])]
         if letters != list(LETTERS[: len(options)]):
@@ -146,13 +185,20 @@ def _read_json(path: Path) -> list[_Item]:
                             f"{letters} are not A, B, C, ... in order")
         metadata = record.get("metadata") or {}
         answer = record.get("correct_answer") or {}
+        for field, value in (("metadata", metadata), ("correct_answer", answer)):
+            if not isinstance(value, dict):
+                raise DataError(str(path), row, field, f"item {original_id}: expected an object")
         key = None if metadata.get("nullified") else _parse_key(
             str(path), row, original_id, answer.get("letter"), None, options)
         links = record.get("images") or record.get("image_paths") or []
         if record.get("has_image") and not links:
             raise DataError(str(path), row, "has_image",
                             f"item {original_id}: has_image is true but no image path is given")
-        images = _resolve_images(str(path), row, original_id, list(links), path.parent)
+        if not isinstance(links, list):
+            raise DataError(str(path), row, "images", f"item {original_id}: expected a list "
+                            "of image paths")
+        images = _resolve_images(str(path), row, original_id, links, path.parent, root,
+                                 "images")
         meta = {"test_year": metadata.get("test_year"),
                 "number_in_test": metadata.get("number_in_test"),
                 "specialty": record.get("specialty")}
@@ -161,20 +207,27 @@ def _read_json(path: Path) -> list[_Item]:
     return items
 
 
-def _files(root: Path) -> list[Path]:
+def _files(root: Path) -> tuple[list[Path], list[Path]]:
+    """(files read, entries ignored): every item is a test item, whatever the file name."""
     if root.is_file():
-        return [root]
-    files = sorted(p for p in root.iterdir() if p.suffix.lower() in (".csv", ".xlsx", ".json"))
+        return [root], []
+    entries = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+    files = [p for p in entries if p.is_file()
+             and p.suffix.lower() in (".csv", ".xlsx", ".xls", ".json", ".jsonl")]
     if not files:
         raise DataError(str(root), None, None, "no EuropeMedQA .csv/.xlsx/.json file found")
-    return files
+    return files, [p for p in entries if p not in files]
 
 
-def load(input_path: str | Path, shuffle: bool = True,
-         seed: int = SHUFFLE_SEED) -> tuple[pa.Table, dict]:
+def load(input_path: str | Path, shuffle: bool = True, seed: int = SHUFFLE_SEED,
+         encoding: str | None = None) -> tuple[pa.Table, dict]:
     rows, removed, seen = [], [], {}
-    for path in _files(Path(input_path)):
-        parsed = _read_json(path) if path.suffix.lower() == ".json" else _read_table(path)
+    root = Path(input_path).resolve()
+    root = root if root.is_dir() else root.parent
+    files, ignored = _files(Path(input_path))
+    for path in files:
+        parsed = (_read_json(path, root, encoding) if path.suffix.lower() in (".json", ".jsonl")
+                  else _read_table(path, root, encoding))
         for item in parsed:
             unified = normalize(item.original_id).upper().replace(" ", "")
             if unified in seen:
@@ -184,7 +237,7 @@ def load(input_path: str | Path, shuffle: bool = True,
             if item.key is None:
                 removed.append(unified)
                 continue
-            rows.append(_to_row(item, unified, shuffle, seed))
+            rows.append(_to_row(item, unified, shuffle, seed, root))
     if not rows:
         raise DataError(str(input_path), None, "correct_option", "no item has a validated key")
     manifest = {
@@ -192,11 +245,13 @@ def load(input_path: str | Path, shuffle: bool = True,
         "shuffle": {"enabled": shuffle, "seed": seed,
                     "method": "per-item permutation seeded by sha256(f'{seed}:{id}')"},
         "removed": {"no_validated_key": len(removed), "ids": removed},
+        "files": {str(p): "test" for p in files}, "ignored": [str(p) for p in ignored],
+        "image_root": str(root),
     }
     return pa.Table.from_pylist(rows, schema=MCQ_SCHEMA), manifest
 
 
-def _to_row(item: _Item, unified: str, shuffle: bool, seed: int) -> dict:
+def _to_row(item: _Item, unified: str, shuffle: bool, seed: int, root: Path) -> dict:
     n = len(item.options)
     order = permutation(unified, n, seed) if shuffle else list(range(n))
     labels = LETTERS[:n]
@@ -207,7 +262,7 @@ def _to_row(item: _Item, unified: str, shuffle: bool, seed: int) -> dict:
     kind = "multiple" if country == "FR" or len(item.key) > 1 else "single"
     meta = {**item.meta, "original_id": item.original_id, "original_answer": item.key,
             "permutation": [labels[old] for old in order], "has_image": bool(item.images),
-            "country": country}
+            "country": country, "image_root": str(root)}
     return {
         "id": unified, "dataset": DATASET, "split": "test",
         "language": item.language or language, "source": source,

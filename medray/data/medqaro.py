@@ -12,24 +12,27 @@ import hashlib
 import json
 from pathlib import Path
 
-import pandas as pd
 import pyarrow as pa
 
+from medray.data.readers import csv_header_and_rows, is_null_string
 from medray.data.schema import CONTEXT_SCHEMA, GENERATIVE_SCHEMA, QUESTION_TYPES, DataError
 from medray.text import normalize
 
 DATASET = "medqaro"
 REQUIRED = ("Epicriza", "Intrebare", "Raspuns")
-# File names accepted per split, first match wins.
+# File names accepted per split (compared case-insensitively); one file per split.
 SPLIT_FILES: dict[str, tuple[str, ...]] = {
     "train": ("train.csv",),
     "val": ("val.csv", "validation.csv", "dev.csv"),
     "test": ("test.csv",),
     "test_cross": ("test_cross.csv", "cross_test.csv", "test_cross_domain.csv"),
 }
+# Training needs train; evaluation needs test. val is optional (reported when absent).
+REQUIRED_SPLITS = ("train", "test")
+_SPLIT_WORDS = {"train", "training", "val", "valid", "validation", "dev", "test", "testing",
+                "cross"}
 PATIENT_ID_COLUMNS = ("patient_id", "pacient_id", "id_pacient")
 BINARY_ANSWERS = {"da", "nu"}
-READ_CHUNK_ROWS = 20_000
 
 
 def _digest(text: str) -> str:
@@ -46,27 +49,50 @@ def derive_question_type(answer: str, context: str) -> str:
     return "reasoning"
 
 
-def find_split_files(input_dir: Path) -> dict[str, Path]:
+def _accepted() -> str:
+    return "; ".join(f"{split}: {', '.join(names)}" for split, names in SPLIT_FILES.items())
+
+
+def find_split_files(input_dir: Path) -> tuple[dict[str, Path], list[Path]]:
+    """(split -> file, ignored files). A CSV whose name looks like a split but is not an
+    accepted name, or two files for one split, is an error naming the accepted names."""
     if input_dir.is_file():
         raise DataError(str(input_dir), None, None, "expected a directory holding train.csv, "
                         "val.csv, test.csv (and optionally test_cross.csv)")
-    found = {}
-    for split, names in SPLIT_FILES.items():
-        for name in names:
-            if (input_dir / name).is_file():
-                found[split] = input_dir / name
-                break
+    by_name = {n: split for split, names in SPLIT_FILES.items() for n in names}
+    found: dict[str, Path] = {}
+    ignored: list[Path] = []
+    for path in sorted(p for p in input_dir.iterdir() if not p.name.startswith(".")):
+        split = by_name.get(path.name.lower()) if path.is_file() else None
+        if split is None:
+            words = set(path.stem.lower().replace("-", "_").replace(".", "_").split("_"))
+            if path.suffix.lower() == ".csv" and words & _SPLIT_WORDS:
+                raise DataError(str(path), None, None, "looks like a split file but its name "
+                                f"is not one medray accepts ({_accepted()}); rename it")
+            ignored.append(path)
+            continue
+        if split in found:
+            raise DataError(str(path), None, None, f"a second file for split {split!r} "
+                            f"(also {found[split].name}); keep one")
+        found[split] = path
     if not found:
-        wanted = ", ".join(n for names in SPLIT_FILES.values() for n in names)
-        raise DataError(str(input_dir), None, None, f"no MedQARo split file found ({wanted})")
-    return found
+        raise DataError(str(input_dir), None, None, f"no MedQARo split file found ({_accepted()})")
+    return {s: found[s] for s in SPLIT_FILES if s in found}, ignored  # the release's order
+
+
+def check_required_splits(input_dir: Path, found: dict[str, Path]) -> None:
+    missing = [s for s in REQUIRED_SPLITS if s not in found]
+    if missing:
+        raise DataError(str(input_dir), None, None, f"required split {missing[0]!r} is missing "
+                        f"(expected {', '.join(SPLIT_FILES[missing[0]])}; accepted: "
+                        f"{_accepted()})")
 
 
 class _Builder:
     """Accumulates examples and the deduplicated contexts across split files."""
 
-    def __init__(self, compat: str | None) -> None:
-        self.compat = compat
+    def __init__(self, compat: str | None, encoding: str | None = None) -> None:
+        self.compat, self.encoding = compat, encoding
         self.examples: dict[str, list] = {name: [] for name in GENERATIVE_SCHEMA.names}
         self.contexts: dict[str, dict] = {}  # context_id -> row
         self.patient_home: dict[str, tuple[str, str, int]] = {}  # pid -> (split, file, row)
@@ -82,26 +108,31 @@ class _Builder:
         return self._norm_cache[key]
 
     def add_file(self, split: str, path: Path) -> None:
-        row_base = 0
-        reader = pd.read_csv(path, index_col=0, dtype=str, keep_default_na=False,
-                             chunksize=READ_CHUNK_ROWS)
-        for chunk in reader:
-            missing = [c for c in REQUIRED if c not in chunk.columns]
-            if missing:
-                raise DataError(str(path), None, missing[0], "required column is missing "
-                                f"(expected {', '.join(REQUIRED)})")
-            extra = [c for c in chunk.columns if c not in REQUIRED]
-            for offset, (index, record) in enumerate(chunk.iterrows()):
-                self._add_row(split, path, row_base + offset + 1, str(index), record, extra)
-            row_base += len(chunk)
-        if row_base == 0:
+        """Stream the file record by record (the release's epicrises make it gigabytes):
+        only the questions, answers and one copy of each epicrisis are kept."""
+        header, rows = csv_header_and_rows(path, self.encoding)
+        columns = header[1:]  # the first column is the index, as pd.read_csv(index_col=0)
+        missing = [c for c in REQUIRED if c not in columns]
+        if missing:
+            raise DataError(str(path), None, missing[0], "required column is missing "
+                            f"(expected {', '.join(REQUIRED)})")
+        extra = [c for c in columns if c not in REQUIRED]
+        n = 0
+        for row, values in rows:
+            self._add_row(split, path, row, values[0], dict(zip(columns, values[1:],
+                                                                strict=True)), extra)
+            n += 1
+        if n == 0:
             raise DataError(str(path), None, None, "the file has no data rows")
 
-    def _add_row(self, split: str, path: Path, row: int, index: str, record: pd.Series,
+    def _add_row(self, split: str, path: Path, row: int, index: str, record: dict[str, str],
                  extra: list[str]) -> None:
         for field in REQUIRED:
-            if not str(record[field]).strip():
+            if not record[field].strip():
                 raise DataError(str(path), row, field, "empty value")
+            if is_null_string(record[field]):
+                raise DataError(str(path), row, field, f"{record[field].strip()!r} is a "
+                                "missing-value marker, not text")
         example_id = f"{split}:{index}"
         if example_id in self.seen_ids:
             first_file, first_row = self.seen_ids[example_id]
@@ -146,12 +177,14 @@ class _Builder:
             self.examples[name].append(value)
 
 
-def load(input_dir: str | Path, compat: str | None = None) -> tuple[pa.Table, pa.Table, dict]:
+def load(input_dir: str | Path, compat: str | None = None, encoding: str | None = None
+         ) -> tuple[pa.Table, pa.Table, dict]:
     """Validate and normalise a MedQARo release; returns (examples, contexts, manifest)."""
-    files = find_split_files(Path(input_dir))
-    builder = _Builder(compat)
+    files, ignored = find_split_files(Path(input_dir))
+    builder = _Builder(compat, encoding)
     for split, path in files.items():
         builder.add_file(split, path)
+    check_required_splits(Path(input_dir), files)
     examples = pa.table(builder.examples, schema=GENERATIVE_SCHEMA)
     contexts = pa.Table.from_pylist(list(builder.contexts.values()), schema=CONTEXT_SCHEMA)
     manifest = {
@@ -159,5 +192,6 @@ def load(input_dir: str | Path, compat: str | None = None) -> tuple[pa.Table, pa
         "kind": "generative",
         "compat": compat,
         "files": {split: str(path) for split, path in files.items()},
+        "ignored": [str(p) for p in ignored],
     }
     return examples, contexts, manifest

@@ -71,10 +71,13 @@ def write_prepared(
     manifest: dict,
     examples: pa.Table,
     contexts: pa.Table | None = None,
+    *,
+    inputs: tuple[str | os.PathLike, ...] = (),
+    force: bool = False,
 ) -> Path:
     """Write all files into a temporary sibling directory, then swap it into place."""
     out = Path(out)
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, inputs=inputs, force=force, command="data prepare") as tmp:
         pq.write_table(examples, tmp / EXAMPLES)
         if contexts is not None:
             pq.write_table(contexts, tmp / CONTEXTS)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
+from medray.data.readers import is_null_string, json_records
 from medray.data.schema import GROUP_CODES, LETTERS, MCQ_SCHEMA, DataError
 from medray.text import normalize
 
@@ -20,6 +21,8 @@ KINDS = {"single-choice": "single", "group-choice": "group", "multiple-choice": 
 SPLIT_NAMES = {"train": "train", "validation": "val", "valid": "val", "val": "val",
                "dev": "val", "test": "test"}
 REQUIRED = ("question", "type", "options", "right_answer")
+# Training needs train; evaluation needs test (validation is optional).
+REQUIRED_SPLITS = ("train", "test")
 META_FIELDS = ("question_number", "grade", "stage", "year", "source", "id_in_source", "dupe_id")
 # The card's recommended unique key for an item.
 KEY_FIELDS = ("year", "source", "id_in_source", "grade", "stage", "question_number")
@@ -34,34 +37,23 @@ def _split_of(path: Path) -> str:
                     f"(expected one of {', '.join(sorted(SPLIT_NAMES))})")
 
 
-def _read_records(path: Path) -> list[dict]:
-    text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix == ".jsonl":
-            return [json.loads(line) for line in text.splitlines() if line.strip()]
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise DataError(str(path), None, None, f"invalid JSON: {err}") from err
-    if isinstance(data, dict):  # {"data": [...]} style exports
-        data = next((v for v in data.values() if isinstance(v, list)), None)
-    if not isinstance(data, list):
-        raise DataError(str(path), None, None, "expected a JSON list of question objects")
-    return data
-
-
 def _parse_item(path: Path, row: int, item: dict, split: str) -> dict:
     if not isinstance(item, dict):
-        raise DataError(str(path), row, None, "expected a JSON object")
+        raise DataError(str(path), row, None, f"expected a JSON object, got {type(item).__name__}")
     for field in REQUIRED:
         value = item.get(field)
         if value is None or (isinstance(value, str | list) and len(value) == 0):
             raise DataError(str(path), row, field, "missing or empty")
+        if is_null_string(value):
+            raise DataError(str(path), row, field, f"{value.strip()!r} is a missing-value "
+                            "marker, not text")
     kind = KINDS.get(str(item["type"]).strip())
     if kind is None:
         raise DataError(str(path), row, "type", f"{item['type']!r} is not one of "
                         f"{', '.join(KINDS)}")
     raw_options = item["options"]
     if not isinstance(raw_options, list) or not all(isinstance(o, str) and o.strip()
+                                                     and not is_null_string(o)
                                                      for o in raw_options):
         raise DataError(str(path), row, "options", "expected a list of non-empty strings")
     if kind == "group":
@@ -102,9 +94,14 @@ def _parse_item(path: Path, row: int, item: dict, split: str) -> dict:
     }
 
 
-def load(input_dir: str | Path) -> tuple[pa.Table, dict]:
+def load(input_dir: str | Path, encoding: str | None = None) -> tuple[pa.Table, dict]:
     root = Path(input_dir)
-    files = sorted(root.glob("*.json")) + sorted(root.glob("*.jsonl")) if root.is_dir() else [root]
+    if root.is_dir():
+        entries = sorted(p for p in root.iterdir() if not p.name.startswith("."))
+        files = [p for p in entries if p.is_file() and p.suffix.lower() in (".json", ".jsonl")]
+        ignored = [p for p in entries if p not in files]
+    else:
+        files, ignored = [root], []
     if not files:
         raise DataError(str(root), None, None, "no RoBiology .json/.jsonl files found")
     rows: list[dict] = []
@@ -112,7 +109,7 @@ def load(input_dir: str | Path) -> tuple[pa.Table, dict]:
     dupe_home: dict[str, tuple[str, str, int]] = {}
     for path in files:
         split = _split_of(path)
-        for row, item in enumerate(_read_records(path), start=1):
+        for row, item in json_records(path, encoding):
             parsed = _parse_item(path, row, item, split)
             if parsed["id"] in first_seen:
                 other_file, other_row = first_seen[parsed["id"]]
@@ -130,6 +127,12 @@ def load(input_dir: str | Path) -> tuple[pa.Table, dict]:
             rows.append(parsed)
     if not rows:
         raise DataError(str(root), None, None, "no items found")
+    splits = {p: _split_of(p) for p in files}
+    missing = [s for s in REQUIRED_SPLITS if s not in splits.values()]
+    if missing and root.is_dir():
+        raise DataError(str(root), None, None, f"required split {missing[0]!r} is missing "
+                        f"(accepted file names: {', '.join(sorted(SPLIT_NAMES))} + .json/.jsonl)")
     manifest = {"dataset": DATASET, "kind": "mcq", "compat": None,
-                "files": [str(p) for p in files]}
+                "files": {str(p): s for p, s in splits.items()},
+                "ignored": [str(p) for p in ignored]}
     return pa.Table.from_pylist(rows, schema=MCQ_SCHEMA), manifest

@@ -19,7 +19,6 @@ EuropeMedQA small 12 valid items per country + 2 without a key; paper 1,000 per 
 from __future__ import annotations
 
 import json
-import os
 import random
 import struct
 import uuid
@@ -31,6 +30,7 @@ import pandas as pd
 from medray.data import synth_mcq_text as T
 from medray.data.schema import GROUP_CODES, LETTERS
 from medray.data.synth_medqaro import check_scale
+from medray.fsutil import atomic_directory
 
 ROBIO_FILES = {"train": "train.json", "validation": "validation.json", "test": "test.json"}
 ROBIO_SIZES = {"small": {"train": 90, "validation": 24, "test": 24},
@@ -44,15 +44,6 @@ EMQ_COLUMNS = ["questionID", "testyear", "numberintest", "picture_provided", "qu
                "picture_link", "option_a", "option_b", "option_c", "option_d", "option_e",
                "correct_option", "correct_fulltext", "language"]
 SINGLE_KEY_WEIGHTS = (0.4, 0.2, 0.2, 0.2)  # RoBiology: 'A' over-represented
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def _cap(s: str) -> str:
@@ -134,14 +125,15 @@ def robiology_items(seed: int, scale: str) -> dict[str, list[dict]]:
     return out
 
 
-def write_robiology(out_dir: Path | str, seed: int = 0, scale: str = "small") -> Path:
-    """Write ``train.json``, ``validation.json``, ``test.json`` into ``out_dir``."""
+def write_robiology(out_dir: Path | str, seed: int = 0, scale: str = "small",
+                    force: bool = False) -> Path:
+    """Write ``train.json``, ``validation.json``, ``test.json`` as the folder ``out_dir``."""
     check_scale(scale)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    for split, items in robiology_items(seed, scale).items():
-        data = json.dumps(items, ensure_ascii=False, indent=1) + "\n"
-        _atomic_write(out / ROBIO_FILES[split], data.encode("utf-8"))
+    with atomic_directory(out, force=force, command="data synth robiology") as tmp:
+        for split, items in robiology_items(seed, scale).items():
+            data = json.dumps(items, ensure_ascii=False, indent=1) + "\n"
+            (tmp / ROBIO_FILES[split]).write_text(data, encoding="utf-8")
     return out
 
 
@@ -254,13 +246,15 @@ def europemedqa_table(seed: int, scale: str) -> tuple[pd.DataFrame, dict[str, by
     return pd.DataFrame(rows, columns=EMQ_COLUMNS), pngs
 
 
-def write_europemedqa(out_dir: Path | str, seed: int = 0, scale: str = "small") -> Path:
-    """Write ``europemedqa.csv`` and ``images/*.png`` into ``out_dir``."""
+def write_europemedqa(out_dir: Path | str, seed: int = 0, scale: str = "small",
+                      force: bool = False) -> Path:
+    """Write ``europemedqa.csv`` and ``images/*.png`` as the folder ``out_dir``."""
     df, pngs = europemedqa_table(seed, scale)
     out = Path(out_dir)
-    (out / "images").mkdir(parents=True, exist_ok=True)
-    for rel, data in pngs.items():  # images first: the table never points at a missing file
-        _atomic_write(out / rel, data)
-    _atomic_write(out / "europemedqa.csv",
-                  df.to_csv(index=False, lineterminator="\n").encode("utf-8"))
+    with atomic_directory(out, force=force, command="data synth europemedqa") as tmp:
+        (tmp / "images").mkdir()
+        for rel, data in pngs.items():
+            (tmp / rel).write_bytes(data)
+        (tmp / "europemedqa.csv").write_bytes(
+            df.to_csv(index=False, lineterminator="\n").encode("utf-8"))
     return out

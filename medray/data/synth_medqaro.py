@@ -21,7 +21,6 @@ Scales:
 from __future__ import annotations
 
 import math
-import os
 import random
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -31,6 +30,7 @@ import pandas as pd
 from medray.data.synth_medqaro_families import NO, YES, families_for
 from medray.data.synth_medqaro_patient import Patient, make_patient, render_epicrisis
 from medray.data.synth_medqaro_text import CROSS_DOMAIN
+from medray.fsutil import atomic_directory
 
 SCALES = ("small", "paper")
 SPLIT_FILES = {"train": "train.csv", "val": "val.csv", "test": "test.csv",
@@ -128,27 +128,22 @@ def iter_split_patients(seed: int, scale: str, n_patients: Mapping[str, int] | N
 
 
 def _write_csv_stream(path: Path, chunks: Iterator[list[tuple]]) -> int:
-    """pandas ``to_csv`` per chunk into a temp file, then an atomic rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    """pandas ``to_csv`` per chunk (the folder around it is swapped in atomically)."""
     n = 0
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as fh:
-            first = True
-            for rows in chunks:
-                df = pd.DataFrame(rows, columns=COLUMNS, index=range(n, n + len(rows)))
-                df.to_csv(fh, header=first, lineterminator="\n")
-                first, n = False, n + len(rows)
-            if first:  # empty split: header only
-                pd.DataFrame(columns=COLUMNS).to_csv(fh, lineterminator="\n")
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        first = True
+        for rows in chunks:
+            df = pd.DataFrame(rows, columns=COLUMNS, index=range(n, n + len(rows)))
+            df.to_csv(fh, header=first, lineterminator="\n")
+            first, n = False, n + len(rows)
+        if first:  # empty split: header only
+            pd.DataFrame(columns=COLUMNS).to_csv(fh, lineterminator="\n")
     return n
 
 
 def write_medqaro(out_dir: Path | str, seed: int = 0, scale: str = "small",
                   n_patients: Mapping[str, int] | None = None,
-                  words: tuple[int, int] | None = None) -> Path:
+                  words: tuple[int, int] | None = None, force: bool = False) -> Path:
     """Write the four MedQARo-like CSV files into ``out_dir`` and return it.
 
     ``n_patients`` overrides the patients per split ({"train": 200, "test_cross": 20});
@@ -157,11 +152,11 @@ def write_medqaro(out_dir: Path | str, seed: int = 0, scale: str = "small",
     """
     check_scale(scale)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     by_split: dict[str, list[tuple[Patient, random.Random]]] = {s: [] for s in SPLIT_FILES}
     for split, p, rng in iter_split_patients(seed, scale, n_patients):
         by_split[split].append((p, rng))  # patients are small; the text is made lazily below
-    for split, fname in SPLIT_FILES.items():
-        chunks = (patient_rows(p, rng, scale, words) for p, rng in by_split[split])
-        _write_csv_stream(out / fname, chunks)
+    with atomic_directory(out, force=force, command="data synth medqaro") as tmp:
+        for split, fname in SPLIT_FILES.items():
+            chunks = (patient_rows(p, rng, scale, words) for p, rng in by_split[split])
+            _write_csv_stream(tmp / fname, chunks)
     return out

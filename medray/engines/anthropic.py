@@ -23,7 +23,7 @@ class AnthropicEngine(APIEngine):
         content: list[dict[str, Any]] = [{"type": "text", "text": request.user}]
         # Images after the text, in the order given (protocol: case image, then sub-question).
         for path in request.images:
-            media, data = image_b64(path)
+            media, data = image_b64(path, request.image_root)
             content.append({"type": "image",
                             "source": {"type": "base64", "media_type": media, "data": data}})
         body: dict[str, Any] = {"model": self.model, "max_tokens": max_new_tokens,

@@ -35,6 +35,8 @@ class ChatRequest:
     system: str | None
     user: str
     images: tuple[str, ...] = ()
+    # The folder every image must resolve inside (the prepared dataset's input folder).
+    image_root: str | None = None
 
 
 @dataclass
@@ -48,10 +50,17 @@ class MissingAPIKey(RuntimeError):
     pass
 
 
-def image_b64(path: str) -> tuple[str, str]:
-    """(media type, base64 data) of an image file."""
-    media = mimetypes.guess_type(path)[0] or "image/png"
-    return media, base64.b64encode(Path(path).read_bytes()).decode("ascii")
+def image_b64(path: str, root: str | None = None) -> tuple[str, str]:
+    """(media type, base64 data) of an image file, re-checked before it is read: inside
+    `root` (default: the link's own folder, so a symlink cannot lead elsewhere), a real
+    image, under the size cap (medray.data.images)."""
+    from medray.data.images import confined_image, media_type
+
+    real = confined_image(Path(path).name if root is None else path,
+                          Path(path).parent if root is None else root)
+    data = real.read_bytes()
+    media = media_type(data[:16]) or mimetypes.guess_type(path)[0] or "image/png"
+    return media, base64.b64encode(data).decode("ascii")
 
 
 def is_loopback(url: str | None) -> bool:

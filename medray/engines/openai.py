@@ -35,7 +35,7 @@ class OpenAIEngine(APIEngine):
             # the sub-question image), as data URLs.
             content: list[dict[str, Any]] = [{"type": "text", "text": request.user}]
             for path in request.images:
-                media, data = image_b64(path)
+                media, data = image_b64(path, request.image_root)
                 content.append({"type": "image_url",
                                 "image_url": {"url": f"data:{media};base64,{data}"}})
             messages.append({"role": "user", "content": content})

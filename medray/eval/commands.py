@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated
 
@@ -122,19 +120,6 @@ def score(
         _print_human(result)
 
 
-def write_jsonl_atomic(rows: list[dict], out: Path) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def baseline(
     data: Annotated[Path, typer.Option(help="prepared dataset directory")],
     kind: Annotated[str, typer.Option(help="majority | random-token (generative) | random (MCQ)")],
@@ -179,6 +164,12 @@ def baseline(
             note = f"uniform random guess per kind, seed {seed}"
         else:
             _fail(f"--kind for multiple-choice data must be majority or random, got {kind!r}")
-    write_jsonl_atomic(rows, out)
+    from medray.fsutil import OutputRefused, check_output, write_jsonl_atomic
+
+    try:  # a file output replaces only what is there, but never inside the input
+        check_output(out, [data], force=True)
+    except OutputRefused as err:
+        _fail(str(err))
+    write_jsonl_atomic(out, rows)
     typer.echo(f"wrote {len(rows)} predictions to {out} ({prepared.dataset}, split {split}: "
                f"{note})", err=True)

@@ -173,7 +173,9 @@ def run_mcq(
                 from medray.engines.api import ChatRequest
 
                 reqs = [ChatRequest(prompts[i].system, prompts[i].user,
-                                    tuple(batch[i]["images"])) for i in idx]
+                                    tuple(batch[i]["images"]),
+                                    runio.meta_dict(batch[i]["meta"]).get("image_root"))
+                        for i in idx]
                 res = engine.chat(reqs, max_new_tokens=budget)
             else:
                 res = engine.generate([prompts[i].text for i in idx], max_new_tokens=budget)

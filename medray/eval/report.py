@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from medray.fsutil import atomic_directory
+
 GEN = ("f1", "em", "bleu", "meteor")
 MCQ = ("accuracy", "conforming_rate")
 DOMAIN = {"test": "in", "val": "in", "train": "in", "test_cross": "cross"}
@@ -146,11 +148,17 @@ def plot_question_types(rows: pd.DataFrame, out: Path, metric: str = "f1") -> Pa
     return path
 
 
-def write_report(runs: Sequence[Path], out: str | os.PathLike, mode: str = "medqaro"
-                 ) -> list[Path]:
+def write_report(runs: Sequence[Path], out: str | os.PathLike, mode: str = "medqaro",
+                 force: bool = False) -> list[Path]:
+    """Write the tables and plots as the folder `out` (swapped in whole; the runs are inputs)."""
     out = Path(out)
     rows = rows_from_runs(runs, mode)
-    out.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(out, inputs=runs, force=force, command="report") as tmp:
+        files = _write_tables(rows, tmp, mode)
+    return [out / f.name for f in files]
+
+
+def _write_tables(rows: pd.DataFrame, out: Path, mode: str) -> list[Path]:
     table = main_table(rows)
     files = []
     md = out / "results.md"

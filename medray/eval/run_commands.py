@@ -152,6 +152,12 @@ def eval_cmd(
         _fail(str(err))
     if not (cfg.data / "manifest.json").is_file():
         _fail(f"{config}: data {cfg.data} is not a prepared dataset (no manifest.json)")
+    from medray.fsutil import OutputRefused, check_output
+
+    try:
+        check_output(output, [cfg.data])
+    except OutputRefused as err:
+        _fail(str(err))
     _init_ray(address, num_cpus)
     from medray.eval.runner import run_eval
 
@@ -201,12 +207,15 @@ def report_cmd(
     runs: Annotated[list[Path], typer.Argument(help="run directories of `medray eval`")],
     out: Annotated[Path, typer.Option("--out", help="folder for tables and plots")],
     mode: Annotated[str, typer.Option(help="metric mode to tabulate")] = "medqaro",
+    force: Annotated[bool, typer.Option(
+        help="replace --out even if it is a non-empty folder medray did not create")] = False,
 ) -> None:
     """Paper-style tables (Markdown, CSV, LaTeX) and PNG plots from evaluation runs."""
     from medray.eval.report import ReportError, write_report
+    from medray.fsutil import OutputRefused
 
     try:
-        files = write_report(runs, out, mode=mode)
-    except ReportError as err:
+        files = write_report(runs, out, mode=mode, force=force)
+    except (ReportError, OutputRefused) as err:
         _fail(str(err))
     typer.echo(json.dumps([str(f) for f in files]))

@@ -1,14 +1,16 @@
 """Run-directory I/O for evaluation runs: predictions appended as they arrive (resumable),
-run.json (the run's settings; a resume must match them), atomic JSON writes."""
+run.json (the run's settings; a resume must match them), atomic JSON writes
+(re-exported from medray.fsutil)."""
 
 from __future__ import annotations
 
 import json
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from medray.fsutil import atomic_file, claim_directory, write_json_atomic, write_jsonl_atomic  # noqa: F401  (runio.write_*_atomic callers)
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
@@ -28,40 +30,12 @@ def meta_dict(meta: Any) -> dict:
     return dict(meta or {})
 
 
-def write_json_atomic(path: str | Path, obj: Any) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, ensure_ascii=False, default=str)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def write_jsonl_atomic(path: str | Path, rows: Sequence[dict]) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def check_run(out: str | Path, settings: dict) -> None:
     """Write OUT/run.json, or check that an existing one describes the same run."""
     path = Path(out) / RUN
-    if path.is_file():
+    if not path.is_file():
+        claim_directory(out, command="eval")
+    else:
         old = json.loads(path.read_text())
         diff = {k: (old.get(k), settings.get(k)) for k in RUN_IDENTITY
                 if old.get(k) != settings.get(k)}
@@ -77,11 +51,8 @@ def _repair(path: Path) -> None:
     data = path.read_bytes()
     if not data or data.endswith(b"\n"):
         return
-    keep = data[: data.rfind(b"\n") + 1]
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "wb") as f:
-        f.write(keep)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(data[: data.rfind(b"\n") + 1])
 
 
 def read_predictions(path: str | Path) -> dict[str, dict]:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from medray.eval.config import EvalConfig
-from medray.eval.runio import write_json_atomic
+from medray.fsutil import claim_directory, write_json_atomic, write_jsonl_atomic
 
 log = logging.getLogger(__name__)
 PREDICTIONS = "predictions.jsonl"
@@ -165,9 +165,7 @@ def score_run(cfg: EvalConfig, out: Path) -> dict[str, Any]:
         ex = data.split(cfg.split)
         ex = ex[ex["id"].astype(str).isin(ids)]
         refs_path = out / "references.jsonl"
-        with refs_path.open("w", encoding="utf-8") as f:
-            for rec in ex.to_dict("records"):
-                f.write(json.dumps(_plain(rec), ensure_ascii=False, default=str) + "\n")
+        write_jsonl_atomic(refs_path, (_plain(rec) for rec in ex.to_dict("records")))
         refs = str(refs_path)
     modes = cfg.score.modes if data.kind == "generative" else ["medqaro"]
     task = ray.remote(num_cpus=0.5)(_score_one)
@@ -180,7 +178,7 @@ def score_run(cfg: EvalConfig, out: Path) -> dict[str, Any]:
 def run_eval(cfg: EvalConfig, out: str | os.PathLike,
              on_prediction: Callable[[dict], None] | None = None) -> dict[str, Any]:
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    claim_directory(out, inputs=[cfg.data], command="eval")
     write_json_atomic(out / "config.json", cfg.model_dump(mode="json"))
     stats = predict_all(cfg, out, on_prediction)
     metrics = score_run(cfg, out)

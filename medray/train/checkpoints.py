@@ -66,22 +66,19 @@ def save_checkpoint(engine: Any, model: Any, tokenizer: Any, state: dict, cfg: A
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def _atomic_copytree(src: Path, dst: Path) -> Path:
-    with atomic_directory(dst) as tmp:
-        shutil.copytree(src, tmp, dirs_exist_ok=True)
-    return dst
-
-
-def export_adapter(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
+def export_adapter(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
+                   force: bool = False) -> Path:
     """Copy a checkpoint's PEFT adapter to out_dir (loadable by PeftModel and vLLM LoRA)."""
     src = Path(ckpt_dir) / ADAPTER
     if not (src / "adapter_config.json").is_file():
         raise FileNotFoundError(f"{ckpt_dir} holds no PEFT adapter ({ADAPTER}/adapter_config.json)")
-    return _atomic_copytree(src, Path(out_dir))
+    with atomic_directory(out_dir, inputs=[ckpt_dir], force=force, command="export") as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
+    return Path(out_dir)
 
 
 def merge_adapter(base: str, adapter_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                  dtype: str = "fp32") -> Path:
+                  dtype: str = "fp32", force: bool = False) -> Path:
     """Merge LoRA weights into the base model and save a plain transformers model."""
     from peft import PeftModel
 
@@ -90,7 +87,8 @@ def merge_adapter(base: str, adapter_dir: str | os.PathLike, out_dir: str | os.P
     model, tokenizer = load_model_and_tokenizer(base, dtype)
     merged = PeftModel.from_pretrained(model, str(adapter_dir)).merge_and_unload()
     out = Path(out_dir)
-    with atomic_directory(out) as tmp:
+    inputs = [adapter_dir, *([base] if Path(base).exists() else [])]
+    with atomic_directory(out, inputs=inputs, force=force, command="export --merge") as tmp:
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return out

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import json
 import sys
+from enum import StrEnum
 from pathlib import Path
 
 import typer
 
 model_app = typer.Typer(help="Base models: build the tiny offline CPU model.",
                         no_args_is_help=True)
+
+
+class DType(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"
 
 
 def _fail(msg: str) -> None:
@@ -46,6 +53,8 @@ def train(
     config: Path = typer.Option(..., "--config", help="YAML config (configs/*.yaml)"),
     output: Path = typer.Option(..., "--output", help="run directory"),
     overrides: list[str] = typer.Argument(None, help="dotted key=value overrides"),
+    force: bool = typer.Option(False, "--force", help="write into --output even if it is a "
+                               "non-empty folder medray did not create"),
 ) -> None:
     """Fine-tune with LoRA on Ray Train (DeepSpeed ZeRO); writes OUTPUT/adapter, metrics.json."""
     from medray.models import LoraTargetError
@@ -56,8 +65,16 @@ def train(
         cfg = load_config(config, overrides or [])
     except ConfigError as exc:
         _fail(str(exc))
+    from medray.fsutil import OutputRefused, claim_directory
     from medray.train.trainer import run_training
 
+    try:
+        model_path = Path(cfg.model.name_or_path)
+        claim_directory(output, inputs=[cfg.data.path, *([model_path] if model_path.exists()
+                                                         else [])],
+                        force=force, command="train")
+    except OutputRefused as exc:
+        _fail(str(exc))
     try:
         metrics = run_training(cfg, output)
     except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError) as exc:
@@ -80,7 +97,9 @@ def export(
     out: Path = typer.Option(None, "--out", help="default RUN_DIR/adapter (RUN_DIR/merged)"),
     checkpoint: Path = typer.Option(None, "--checkpoint", help="export this checkpoint dir"),
     merge: bool = typer.Option(False, "--merge", help="merge the adapter into the base"),
-    dtype: str = typer.Option("fp32", help="dtype of merged weights: fp32|bf16|fp16"),
+    dtype: DType = typer.Option(DType.fp32, help="dtype of merged weights"),
+    force: bool = typer.Option(False, "--force", help="replace --out even if it is a "
+                               "non-empty folder medray did not create"),
 ) -> None:
     """Export a checkpoint's PEFT adapter, or merge RUN_DIR/adapter into the base weights."""
     from medray.train.checkpoints import base_model_of, export_adapter, merge_adapter
@@ -91,11 +110,11 @@ def export(
             if not (adapter / "adapter_config.json").is_file():
                 _fail(f"{adapter}: no PEFT adapter (adapter_config.json); train first")
             path = merge_adapter(base_model_of(adapter), adapter, out or run_dir / "merged",
-                                 dtype)
+                                 dtype.value, force=force)
             print(f"merged model (base + LoRA) in {path}")
             return
         ckpt = checkpoint or _latest_checkpoint(run_dir)
-        path = export_adapter(ckpt, out or run_dir / "adapter")
+        path = export_adapter(ckpt, out or run_dir / "adapter", force=force)
         print(f"adapter from {ckpt} in {path}")
     except (FileNotFoundError, ValueError, KeyError) as exc:
         _fail(str(exc))

@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -243,7 +242,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
                  if k not in ("val_generate", "train_ids", "val_ids", "val_gen_ids")},
         "config": cfg.model_dump(mode="json"),
     }
-    tmp = output / ".metrics.json.tmp"
-    tmp.write_text(json.dumps(metrics, indent=2, ensure_ascii=False))
-    os.replace(tmp, output / "metrics.json")
+    from medray.fsutil import write_json_atomic
+
+    write_json_atomic(output / "metrics.json", metrics)
     return metrics

@@ -7,7 +7,6 @@ previous version (or nothing), never half a file.
 from __future__ import annotations
 
 import math
-import os
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from medray.fsutil import atomic_file
 from medray.tune.space import clean_value
 
 TRIALS_CSV = "trials.csv"
@@ -36,13 +36,8 @@ class Summary:
 
 
 def _atomic_write(path: Path, write: Any) -> Path:
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
+    with atomic_file(path) as tmp:
         write(tmp)
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
     return path
 
 

@@ -21,6 +21,8 @@ from typing import Any
 
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
+from medray.fsutil import write_text_atomic
+
 
 class FinalEpochASHA(ASHAScheduler):
     def __init__(self, *, final_epochs: int, epochs_key: str = "optim.epochs",
@@ -48,12 +50,8 @@ class FinalEpochASHA(ASHAScheduler):
     def _save_rungs(self) -> None:
         if not self._state_file:
             return
-        path = Path(self._state_file)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(json.dumps({"metric": self._metric, "mode": self._mode,
-                                   "rungs": self._rung_records()}))
-        os.replace(tmp, path)
+        write_text_atomic(self._state_file, json.dumps(
+            {"metric": self._metric, "mode": self._mode, "rungs": self._rung_records()}))
 
     def on_trial_add(self, tune_controller: Any, trial: Any) -> None:
         if not self._state_loaded:

@@ -255,10 +255,9 @@ def _trainable(plan: SweepPlan) -> Any:
 
 
 def _write_spec(plan: SweepPlan) -> None:
-    plan.output.mkdir(parents=True, exist_ok=True)
-    tmp = plan.output / f".{SPEC_FILE}.tmp"
-    tmp.write_text(json.dumps(plan.to_json(), indent=2))
-    os.replace(tmp, plan.output / SPEC_FILE)
+    from medray.fsutil import write_text_atomic
+
+    write_text_atomic(plan.output / SPEC_FILE, json.dumps(plan.to_json(), indent=2))
 
 
 def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print) -> Any:
