@@ -66,7 +66,7 @@ def test_trials_table_rows(sweep):
     assert t.loc[0, "final_val_loss"] == 1.5 and t.loc[0, "best_val_loss"] == 1.5
     assert t.loc[2, "final_val_loss"] == 1.6 and t.loc[2, "best_val_loss"] == 1.6
     assert t.loc[2, "best_val_f1"] == 0.3  # F1: higher is better whatever the sweep metric
-    assert t.loc[3, "error"] == "worker died"
+    assert t.loc[3, "error"] == "RuntimeError: worker died"  # the root cause, typed
     assert pd.isna(t.loc[3, "final_val_loss"])
     assert list(t["lora.r"]) == [4, 4, 8, 8] and t.loc[0, "optim.lr"] == 3e-3
     best = pick_best(t, "val_loss", "min")

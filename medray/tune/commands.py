@@ -26,13 +26,17 @@ def tune(
     metric: str = typer.Option(None, help="val_f1 | val_loss | val_em (default: the space's)"),
     mode: str = typer.Option(None, help="max | min (default: the space's)"),
     overrides: list[str] = typer.Argument(None, help="dotted key=value training overrides"),
+    force: bool = typer.Option(False, "--force", help="write into --output even if it is a "
+                               "non-empty folder medray did not create"),
 ) -> None:
     """Sweep hyperparameters with Ray Tune (ASHA; grid, random or Optuna search).
 
     Writes OUTPUT/trials.csv, OUTPUT/best.yaml (a config `medray train` runs as is),
     OUTPUT/val_f1_vs_hparams.png and TensorBoard files (tensorboard --logdir OUTPUT).
     """
+    from medray.fsutil import OutputRefused, claim_directory
     from medray.train.config import ConfigError
+    from medray.tune.outputs import SweepFailed
     from medray.tune.space import SpaceError
     from medray.tune.sweep import load_plan, plan_sweep, run_sweep
 
@@ -48,11 +52,18 @@ def tune(
             plan = plan_sweep(config, space, output, overrides or [], search=search,
                               num_samples=num_samples, metric=metric, mode=mode,
                               max_concurrent_trials=max_concurrent_trials)
+            model = Path(plan.base["model"]["name_or_path"])
+            claim_directory(output, inputs=[plan.base["data"]["path"],
+                                            *([model] if model.exists() else [])],
+                            force=force, command="tune")
         if max_concurrent_trials:
             plan.max_concurrent_trials = max_concurrent_trials
         run_sweep(plan, resume=resume)
-    except (ConfigError, SpaceError, FileNotFoundError, FileExistsError) as exc:
+    except (ConfigError, SpaceError, FileNotFoundError, FileExistsError, OutputRefused) as exc:
         _fail(str(exc))
+    except SweepFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        raise typer.Exit(1) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -41,6 +41,29 @@ def _atomic_write(path: Path, write: Any) -> Path:
     return path
 
 
+class SweepFailed(RuntimeError):
+    """Every trial failed: carries the first trial's root cause."""
+
+
+def root_cause(error: BaseException) -> str:
+    """The innermost error of a trial failure (Tune wraps Train's, which wraps the worker's),
+    as one line: `Type: message`."""
+    seen = set()
+    while id(error) not in seen:
+        seen.add(id(error))
+        failures = getattr(error, "worker_failures", None)
+        if isinstance(failures, dict) and failures:
+            error = next(iter(failures.values()))
+            continue
+        inner = getattr(error, "cause", None) or error.__cause__
+        if isinstance(inner, BaseException):
+            error = inner
+            continue
+        break
+    lines = [ln for ln in str(error).splitlines() if ln.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 def _epoch_rows(df: pd.DataFrame | None) -> pd.DataFrame:
     """Epoch-end reports (mid-epoch checkpoint reports repeat the last validation values)."""
     if df is None or df.empty:
@@ -81,7 +104,7 @@ def trial_row(result: Any, params: list[str], metric: str, mode: str) -> dict:
     row["starts"] = sum(e["event"] == "start" for e in events)
     row["time_s"] = round(float(metrics.get("time_total_s", math.nan)), 1)
     row["trial_dir"] = str(path)
-    row["error"] = str(result.error).splitlines()[0][:300] if result.error is not None else ""
+    row["error"] = root_cause(result.error) if result.error is not None else ""
     return row
 
 
@@ -170,7 +193,16 @@ def write_outputs(plan: Any, results: Any, *, log: Any = print) -> Summary:
     table = trials_table(results, params, plan.metric, plan.mode)
     files = {"trials": _atomic_write(out / TRIALS_CSV,
                                      lambda tmp: table.to_csv(tmp, index=False))}
-    files["plot"] = plot_metric_vs_params(out / PLOT, table, plan.space, plan.metric)
+    if len(table) and (table["status"] == "error").all():
+        first = table.iloc[0]
+        raise SweepFailed(f"all {len(table)} trials failed (see {files['trials']}); first "
+                          f"trial {first['trial_id']}: {first['error']}")
+    plotted = [f"final_{m}" for m in dict.fromkeys(["val_f1", plan.metric])]
+    ok = table[table["status"] != "error"] if len(table) else table
+    if len(ok) and any(c in ok and ok[c].notna().any() for c in plotted):
+        files["plot"] = plot_metric_vs_params(out / PLOT, table, plan.space, plan.metric)
+    else:
+        log("no trial reported a validation metric; no plot written")
     best = pick_best(table, plan.metric, plan.mode)
     if best is not None:
         files["best"] = write_best_yaml(out / BEST_YAML, plan, best, results, len(table))

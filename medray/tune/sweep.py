@@ -260,6 +260,43 @@ def _write_spec(plan: SweepPlan) -> None:
     write_text_atomic(plan.output / SPEC_FILE, json.dumps(plan.to_json(), indent=2))
 
 
+def extreme_configs(plan: SweepPlan) -> list[tuple[str, dict]]:
+    """(label, complete training config): the base and each param at its extreme values
+    (low/high, or every choice), the others at their base values."""
+    configs = [("base config", trial_config(plan.base, {}))]
+    for key, param in plan.space.params.items():
+        values = param.candidates()
+        if param.type != "choice":
+            values = [min(values), max(values)]
+        for value in dict.fromkeys(map(repr, values)):
+            real = next(v for v in values if repr(v) == value)
+            configs.append((f"{key}={value}", trial_config(plan.base, {key: real})))
+    return configs
+
+
+def preflight_sweep(plan: SweepPlan, log: Any = print) -> None:
+    """`medray train`'s preflight (model, LoRA targets, data, token budgets) on the base
+    config and the space's extremes, before any trial starts: a sweep that cannot train
+    fails in seconds with the training error, not once per trial."""
+    from medray.train.config import ConfigError, TrainConfig
+    from medray.train.trainer import preflight
+
+    seen: set[str] = set()
+    for label, raw in extreme_configs(plan):
+        cfg = TrainConfig.model_validate(raw)
+        # Only these sections reach the preflight: skip configs that differ elsewhere (lr).
+        key = json.dumps({k: raw[k] for k in ("model", "lora", "data")}, sort_keys=True,
+                         default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            preflight(cfg)
+        except (ConfigError, FileNotFoundError, ValueError, OSError) as exc:
+            raise ConfigError(f"sweep preflight ({label}): {exc}") from None
+    log(f"preflight ok: base config and {len(seen) - 1} distinct extreme config(s) of the space")
+
+
 def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print) -> Any:
     """Run (or resume) the sweep and write the outputs; returns medray.tune.outputs.Summary."""
     import ray
@@ -268,6 +305,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print) -> Any
     from medray.raycluster import connect
     from medray.tune.outputs import write_outputs
 
+    preflight_sweep(plan, log)
     exp = plan.experiment_dir
     if resume and not tune.Tuner.can_restore(str(exp.resolve())):
         raise FileNotFoundError(f"{exp}: no Tune experiment to resume")
