@@ -30,12 +30,13 @@ def demo(
     """The whole pipeline on synthetic data: tiny model, Ray Train LoRA, Serve, eval, report."""
     from medray.demo import run_demo
     from medray.demo_config import DEFAULT_DEMO_CONFIG
+    from medray.fsutil import OutputRefused
     from medray.train.config import ConfigError
 
     try:
         run_demo(output, seed=seed, config=config or DEFAULT_DEMO_CONFIG,
                  overrides=overrides or [], address=address)
-    except ConfigError as err:
+    except (ConfigError, OutputRefused) as err:
         typer.echo(f"error: {err}", err=True)
         raise typer.Exit(2) from None
 

@@ -26,6 +26,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
 from medray.demo_config import DEFAULT_DEMO_CONFIG, DemoConfig, load_demo_config
+from medray.fsutil import claim_directory
 
 STAGES = 7
 DEMO_APP = "medray-demo"  # Serve application names and route prefixes start with it
@@ -40,7 +41,7 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
     console = console or Console()
     cfg = load_demo_config(config, overrides)
     output = Path(output)
-    output.mkdir(parents=True, exist_ok=True)
+    claim_directory(output, command="demo")  # never write into a folder medray did not create
     timings: dict[str, float] = {}
     started = time.time()
     memory = MemoryPeak().start()

@@ -9,6 +9,8 @@ from typing import Annotated
 
 import typer
 
+from medray.choices import BaselineKind, GroupMapping, MetricMode
+
 GEN_METRICS = ("f1", "em", "bleu", "meteor", "sacrebleu_bleu", "chrf")
 MCQ_METRICS = ("accuracy", "partial_credit", "accuracy_nonconforming_wrong", "conforming_rate")
 
@@ -74,9 +76,9 @@ def score(
         typer.Option(help="prepared dataset dir (replaces --references)"),
     ] = None,
     mode: Annotated[
-        str,
+        MetricMode,
         typer.Option(help="medqaro (reference-exact) | robust (Romanian-aware)"),
-    ] = "medqaro",
+    ] = MetricMode.medqaro,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object")] = False,
     by: Annotated[str, typer.Option(help="breakdown fields, comma-separated")] = "",
     split: Annotated[
@@ -85,15 +87,16 @@ def score(
     ] = "",
     fold_diacritics: Annotated[bool, typer.Option(help="robust mode: ă->a, ș->s ...")] = False,
     group_as_multiple: Annotated[
-        str,
-        typer.Option(help="MCQ: map statement sets to group letters: off|heuristic|first"),
-    ] = "off",
+        GroupMapping,
+        typer.Option(help="MCQ: map statement sets to group letters"),
+    ] = GroupMapping.off,
     resamples: Annotated[int, typer.Option(help="bootstrap resamples")] = 1000,
     seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
     workers: Annotated[int, typer.Option(help="scoring processes (0 = auto)")] = 0,
     wordnet: Annotated[bool, typer.Option(help="METEOR synonyms (WordNet/RoWordNet)")] = True,
 ) -> None:
     """Score predictions against references with bootstrap 95% CIs (and breakdowns)."""
+    mode, group_as_multiple = str(mode), str(group_as_multiple)
     from medray.data.schema import DataError
     from medray.eval.metrics.generative import MODES
     from medray.eval.score import ScoreInputError, run_score
@@ -122,7 +125,8 @@ def score(
 
 def baseline(
     data: Annotated[Path, typer.Option(help="prepared dataset directory")],
-    kind: Annotated[str, typer.Option(help="majority | random-token (generative) | random (MCQ)")],
+    kind: Annotated[BaselineKind, typer.Option(
+        help="majority | random-token (generative) | random (MCQ)")],
     out: Annotated[Path, typer.Option(help="predictions JSONL to write")],
     tokens: Annotated[int, typer.Option(help="random-token budget N (1024/2048/4096)")] = 1024,
     seed: Annotated[int, typer.Option(help="random seed")] = 0,
@@ -133,6 +137,7 @@ def baseline(
     ] = None,
 ) -> None:
     """Write baseline predictions for one split (readable by `medray score`)."""
+    kind = str(kind)
     from medray.data.prepared import load_prepared
     from medray.eval import baselines as bl
 

@@ -11,6 +11,8 @@ from typing import Annotated, Any
 
 import typer
 
+from medray.choices import MetricMode
+
 
 def _fail(message: str) -> None:
     typer.echo(f"error: {message}", err=True)
@@ -206,7 +208,8 @@ def _print_summary(summary: dict, output: Path) -> None:
 def report_cmd(
     runs: Annotated[list[Path], typer.Argument(help="run directories of `medray eval`")],
     out: Annotated[Path, typer.Option("--out", help="folder for tables and plots")],
-    mode: Annotated[str, typer.Option(help="metric mode to tabulate")] = "medqaro",
+    mode: Annotated[MetricMode, typer.Option(help="metric mode to tabulate")
+                    ] = MetricMode.medqaro,
     force: Annotated[bool, typer.Option(
         help="replace --out even if it is a non-empty folder medray did not create")] = False,
 ) -> None:
@@ -215,7 +218,7 @@ def report_cmd(
     from medray.fsutil import OutputRefused
 
     try:
-        files = write_report(runs, out, mode=mode, force=force)
+        files = write_report(runs, out, mode=str(mode), force=force)
     except (ReportError, OutputRefused) as err:
         _fail(str(err))
     typer.echo(json.dumps([str(f) for f in files]))

@@ -65,14 +65,13 @@ def train(
         cfg = load_config(config, overrides or [])
     except ConfigError as exc:
         _fail(str(exc))
-    from medray.fsutil import OutputRefused, claim_directory
+    from medray.fsutil import OutputRefused, check_output
     from medray.train.trainer import run_training
 
-    try:
+    try:  # the run directory is created (with medray's marker) once the preflight passed
         model_path = Path(cfg.model.name_or_path)
-        claim_directory(output, inputs=[cfg.data.path, *([model_path] if model_path.exists()
-                                                         else [])],
-                        force=force, command="train")
+        check_output(output, [cfg.data.path, *([model_path] if model_path.exists() else [])],
+                     force)
     except OutputRefused as exc:
         _fail(str(exc))
     try:

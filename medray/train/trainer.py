@@ -190,7 +190,9 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
 
     output = Path(output)
     plan = preflight(cfg)
-    output.mkdir(parents=True, exist_ok=True)
+    from medray.fsutil import claim_directory
+
+    claim_directory(output, force=True, command="train")  # refusals: the CLI, before
     # RAY_ADDRESS set (ray job submit, a cluster): join it; otherwise a local cluster.
     connect(min_cpus=cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + 2)
     log(f"preflight ok: {plan['n_train']} train / {plan['n_val']} val examples, "

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from medray.choices import OptMode, SearchAlg, SweepMetric
+
 
 def _fail(msg: str) -> None:
     print(f"error: {msg}", file=sys.stderr)
@@ -20,11 +22,11 @@ def tune(
     resume: bool = typer.Option(False, "--resume",
                                 help="continue an interrupted sweep in OUTPUT (finished "
                                      "trials are kept, unfinished ones resume)"),
-    search: str = typer.Option(None, help="grid | random | optuna (default: the space's)"),
+    search: SearchAlg = typer.Option(None, help="search algorithm (default: the space's)"),
     num_samples: int = typer.Option(None, help="trials (random/optuna) or grid repeats"),
     max_concurrent_trials: int = typer.Option(None, help="default: space, else what fits"),
-    metric: str = typer.Option(None, help="val_f1 | val_loss | val_em (default: the space's)"),
-    mode: str = typer.Option(None, help="max | min (default: the space's)"),
+    metric: SweepMetric = typer.Option(None, help="metric to optimise (default: the space's)"),
+    mode: OptMode = typer.Option(None, help="max or min (default: the space's)"),
     overrides: list[str] = typer.Argument(None, help="dotted key=value training overrides"),
     force: bool = typer.Option(False, "--force", help="write into --output even if it is a "
                                "non-empty folder medray did not create"),
@@ -49,8 +51,9 @@ def tune(
         else:
             if config is None or space is None:
                 _fail("--config and --space are required (or --resume with --output)")
-            plan = plan_sweep(config, space, output, overrides or [], search=search,
-                              num_samples=num_samples, metric=metric, mode=mode,
+            plan = plan_sweep(config, space, output, overrides or [],
+                              search=search and str(search), num_samples=num_samples,
+                              metric=metric and str(metric), mode=mode and str(mode),
                               max_concurrent_trials=max_concurrent_trials)
             model = Path(plan.base["model"]["name_or_path"])
             claim_directory(output, inputs=[plan.base["data"]["path"],

@@ -21,7 +21,6 @@ import hashlib
 import logging
 import os
 import pickle
-import tempfile
 from collections import defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -93,12 +92,10 @@ class SynonymSource:
 
 
 def _atomic_pickle(obj: object, path: Path) -> None:
+    from medray.fsutil import write_bytes_atomic
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(obj, f, protocol=pickle.HIGHEST_PROTOCOL)
-        os.replace(tmp, path)
+        write_bytes_atomic(path, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))
     except OSError:  # a read-only cache dir only costs speed
         pass
 

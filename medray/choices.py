@@ -1,0 +1,40 @@
+"""Enumerated CLI values, as typer choices: a typo is a usage error (exit 2) listing them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class MetricMode(StrEnum):
+    medqaro = "medqaro"
+    robust = "robust"
+
+
+class GroupMapping(StrEnum):
+    off = "off"
+    heuristic = "heuristic"
+    first = "first"
+
+
+class BaselineKind(StrEnum):
+    majority = "majority"
+    random_token = "random-token"
+    random = "random"
+
+
+class SearchAlg(StrEnum):
+    grid = "grid"
+    random = "random"
+    optuna = "optuna"
+
+
+class SweepMetric(StrEnum):
+    val_f1 = "val_f1"
+    val_loss = "val_loss"
+    val_em = "val_em"
+    train_loss = "train_loss"
+
+
+class OptMode(StrEnum):
+    max = "max"
+    min = "min"
