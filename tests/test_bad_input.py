@@ -361,6 +361,11 @@ def test_france_may_have_several_letters(tmp_path):
     ["data", "synth", "-d", "medqaro", "--out", "{tmp}/o", "--scale", "huge"],
     ["data", "prompt", "{tmp}", "--id", "test:0", "--format", "aqe"],
     ["export", "{tmp}", "--merge", "--dtype", "fp8"],
+    ["score", "--predictions", "{tmp}/p.jsonl", "--data", "{tmp}", "--mode", "exact"],
+    ["baseline", "--data", "{tmp}", "--kind", "oracle", "--out", "{tmp}/o"],
+    ["tune", "--config", "{tmp}/c.yaml", "--space", "{tmp}/s.yaml", "--output", "{tmp}/o",
+     "--search", "bayes"],
+    ["report", "{tmp}", "--out", "{tmp}/o", "--mode", "exact"],
 ])
 def test_enumerated_options_are_choices(args, tmp_path):
     result = runner.invoke(app, [a.format(tmp=tmp_path) for a in args])
@@ -404,6 +409,15 @@ def test_foreign_non_empty_out_needs_force(tmp_path):
     # Now medray's own: replaced again without --force.
     assert runner.invoke(app, ["data", "prepare", "-d", "medqaro", "-i", str(raw),
                                "--out", str(out)]).exit_code == 0
+
+
+def test_report_refuses_an_out_inside_a_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text("{}")
+    result = runner.invoke(app, ["report", str(run), "--out", str(run / "report")])
+    assert result.exit_code == 2 and "is inside the input" in result.output
+    assert sorted(os.listdir(run)) == ["metrics.json"]
 
 
 def test_synth_refuses_a_foreign_folder(tmp_path):

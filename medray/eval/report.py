@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from medray.fsutil import atomic_directory
+from medray.fsutil import atomic_directory, check_output
 
 GEN = ("f1", "em", "bleu", "meteor")
 MCQ = ("accuracy", "conforming_rate")
@@ -152,6 +152,7 @@ def write_report(runs: Sequence[Path], out: str | os.PathLike, mode: str = "medq
                  force: bool = False) -> list[Path]:
     """Write the tables and plots as the folder `out` (swapped in whole; the runs are inputs)."""
     out = Path(out)
+    check_output(out, runs, force)  # before reading: a refused --out costs nothing
     rows = rows_from_runs(runs, mode)
     with atomic_directory(out, inputs=runs, force=force, command="report") as tmp:
         files = _write_tables(rows, tmp, mode)
