@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import secrets
@@ -78,7 +79,7 @@ def clean_stale(out: str | os.PathLike) -> list[Path]:
         return []
     removed = []
     for kind in (_OLD, _TMP):
-        for path in sorted(out.parent.glob(f".{out.name}.{kind}.*")):
+        for path in sorted(out.parent.glob(f".{glob.escape(out.name)}.{kind}.*")):
             if not _is_stale(path):
                 continue
             if kind == _OLD and not os.path.lexists(out):
