@@ -10,7 +10,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from medray.fsutil import atomic_file, claim_directory, write_json_atomic, write_jsonl_atomic  # noqa: F401  (runio.write_*_atomic callers)
+# write_*_atomic live in medray.fsutil; re-exported for the evaluation modules.
+from medray.fsutil import (  # noqa: F401
+    atomic_file,
+    claim_directory,
+    write_json_atomic,
+    write_jsonl_atomic,
+)
 
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
