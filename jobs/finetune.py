@@ -21,6 +21,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = parser.parse_args(argv)
 
+    from medray.fsutil import OutputRefused, check_output
     from medray.models import LoraTargetError
     from medray.raycluster import connect
     from medray.tokenize import BudgetError
@@ -29,9 +30,11 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         cfg = load_config(args.config, args.overrides)
+        check_output(args.output, [cfg.data.path])  # never into a folder medray did not make
         connect()  # RAY_ADDRESS (set by `ray job submit`) or a local cluster
         metrics = run_training(cfg, args.output)
-    except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError) as exc:
+    except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError,
+            OutputRefused) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     last = metrics["epochs"][-1] if metrics["epochs"] else {}
