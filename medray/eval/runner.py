@@ -103,9 +103,7 @@ def predict_all(cfg: EvalConfig, out: Path,
         return stats
     n_actors = min(cfg.actors, len(pending))
     per_actor = max(1, -(-cfg.max_in_flight // n_actors))
-    # In-process vLLM needs its CPUs; HTTP clients and baselines barely use any.
-    cpus = 1 if cfg.engine.kind == "vllm" else 0.25
-    worker_cls = ray.remote(num_cpus=cpus, max_concurrency=per_actor)(EvalWorker)
+    worker_cls = ray.remote(**cfg.engine.actor_options(), max_concurrency=per_actor)(EvalWorker)
     config = cfg.model_dump(mode="json")
     # The API key is read here and handed to the actors, never written to config.json.
     api_key = os.environ.get(cfg.engine.api_key_env) if cfg.engine.kind == "serve" else None
