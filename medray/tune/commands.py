@@ -22,7 +22,7 @@ def tune(
                                      "trials are kept, unfinished ones resume)"),
     search: str = typer.Option(None, help="grid | random | optuna (default: the space's)"),
     num_samples: int = typer.Option(None, help="trials (random/optuna) or grid repeats"),
-    max_concurrent_trials: int = typer.Option(None, help="default: the space file's, else every trial (Tune queues what does not fit)"),
+    max_concurrent_trials: int = typer.Option(None, help="default: space, else all (queued)"),
     metric: str = typer.Option(None, help="val_f1 | val_loss | val_em (default: the space's)"),
     mode: str = typer.Option(None, help="max | min (default: the space's)"),
     overrides: list[str] = typer.Argument(None, help="dotted key=value training overrides"),
