@@ -47,15 +47,20 @@ def to_device(batch: Mapping[str, Any], device: Any) -> dict[str, Any]:
             for k, v in batch.items()}
 
 
-def all_reduce(values: list[float], device: Any, op: str = "sum") -> list[float]:
-    """Sum (or min) a few scalars over all workers, with the tensor on the worker's device."""
+def reduce_tensor(values: list[float], device: Any, op: str = "sum") -> Any:
+    """Sum (or min) a few scalars over all workers; the tensor lives on the worker's device
+    (NCCL has no CPU tensors)."""
     import torch
     import torch.distributed as dist
 
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized():
         dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MIN)
-    return t.tolist()
+    return t
+
+
+def all_reduce(values: list[float], device: Any, op: str = "sum") -> list[float]:
+    return reduce_tensor(values, device, op).tolist()
 
 
 def cast_parameters(model: Any, dtype: Any) -> Any:

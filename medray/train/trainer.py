@@ -190,6 +190,14 @@ def _datasets(cfg: TrainConfig, plan: dict, contexts: dict, contexts_ref: Any) -
     return {"train": train, "val": ray.data.from_pandas(assembler(val))}
 
 
+def resolve_cache_dir(cfg: TrainConfig, output: Path) -> str:
+    """model.cache_dir, by default OUTPUT/hf-cache: on the run's shared storage, so all
+    workers and every restart reuse one download."""
+    if cfg.model.cache_dir is None:
+        cfg.model.cache_dir = str((Path(output) / "hf-cache").resolve())
+    return cfg.model.cache_dir
+
+
 def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print,
                  callbacks: Sequence[Any] = ()) -> dict:
     """`medray train`. `callbacks`: extra Ray Train callbacks on the TorchTrainer's RunConfig
@@ -201,8 +209,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     from medray.train.checkpoints import export_adapter, load_state
 
     output = Path(output)
-    if cfg.model.cache_dir is None:  # one download per run, on the run's (shared) storage
-        cfg.model.cache_dir = str((output / "hf-cache").resolve())
+    resolve_cache_dir(cfg, output)
     plan = preflight(cfg)
     output.mkdir(parents=True, exist_ok=True)
     # RAY_ADDRESS set (ray job submit, a cluster): join it; otherwise a local cluster.
