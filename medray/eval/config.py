@@ -6,6 +6,8 @@ Example (served model; `MEDRAY_API_KEY` holds the bearer key)::
     split: test                     # test | test_cross | val
     engine: {kind: serve, url: "http://127.0.0.1:8000", adapter: ft}
     #engine: {kind: vllm, model: runs/demo/model, adapter: runs/demo/train/adapter}
+    #engine: {kind: vllm, model: M, device: gpu, tensor_parallel_size: 2,
+    #         gpu_memory_utilization: 0.9, enable_prefix_caching: true}  # 2 GPUs per actor
     #engine: {kind: baseline, baseline: random-token, tokens: 1024, seed: 0}
     prompt_format: qea
     context_tokens: 1024

@@ -8,7 +8,7 @@ bench/gpu_check.py, which has no Ray). Nothing here imports Ray at module level.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 # NCCL has no CPU tensors and gloo no CUDA ones: name both, so a collective on either kind
@@ -61,6 +61,16 @@ def reduce_tensor(values: list[float], device: Any, op: str = "sum") -> Any:
 
 def all_reduce(values: list[float], device: Any, op: str = "sum") -> list[float]:
     return reduce_tensor(values, device, op).tolist()
+
+
+def synced(batches: Iterable[Any], device: Any) -> Iterator[Any]:
+    """Yield batches while EVERY worker still has one: ZeRO collectives need equal counts."""
+    it = iter(batches)
+    while True:
+        batch = next(it, None)
+        if all_reduce([0.0 if batch is None else 1.0], device, op="min")[0] == 0.0:
+            return
+        yield batch
 
 
 def cast_parameters(model: Any, dtype: Any) -> Any:

@@ -16,18 +16,8 @@ from typing import Any
 from medray.train.checkpoints import load_state, save_checkpoint
 from medray.train.collate import micro_batches
 from medray.train.config import TrainConfig, deepspeed_config, peft_lora_config
-from medray.train.device import all_reduce, cast_parameters, worker_device
+from medray.train.device import all_reduce, cast_parameters, synced, worker_device
 from medray.train.step import eval_loss, train_step
-
-
-def _synced(batches: Any, device: Any) -> Any:
-    """Yield batches while EVERY worker still has one: ZeRO collectives need equal counts."""
-    it = iter(batches)
-    while True:
-        batch = next(it, None)
-        if all_reduce([0.0 if batch is None else 1.0], device, op="min")[0] == 0.0:
-            return
-        yield batch
 
 
 def _epoch_batches(shard: Any, cfg: TrainConfig, pad_id: int, epoch: int) -> Any:
@@ -100,7 +90,7 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: 
         shard = ray.train.get_dataset_shard("val")
         batches = micro_batches(_rows(shard), batch_size=cfg.optim.micro_batch_size,
                                 pad_id=pad_id, mode="pad")
-        for batch in _synced(batches, device):
+        for batch in synced(batches, device):
             summed, n = eval_loss(engine, batch, device)
             loss_sum += float(summed)
             n_tok += float(n)
@@ -238,7 +228,7 @@ def train_loop_per_worker(config: dict) -> None:
         loss_sum = n_micro = tokens = 0.0
         t0 = time.perf_counter()
         skip = state["micro_in_epoch"]  # resuming mid-epoch: skip consumed micro-batches
-        for i, batch in enumerate(_synced(_epoch_batches(shard, cfg, pad_id, epoch), device)):
+        for i, batch in enumerate(synced(_epoch_batches(shard, cfg, pad_id, epoch), device)):
             if i < skip:
                 continue
             res = train_step(engine, batch, device)
