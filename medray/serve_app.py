@@ -80,11 +80,7 @@ class LocalLoraLoader:
 
 
 def _on_cpu(cfg: AppConfig) -> bool:
-    if cfg.device != "auto":
-        return cfg.device == "cpu"
-    import torch
-
-    return not torch.cuda.is_available()
+    return cfg.device == "cpu"
 
 
 def llm_config(cfg: AppConfig) -> Any:

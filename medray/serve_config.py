@@ -50,7 +50,9 @@ class AppConfig(BaseModel):
     max_lora_rank: int = 16
     max_model_len: int = Field(2048, ge=64)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
-    device: Literal["auto", "cpu", "gpu"] = "auto"
+    # Chosen by the config, never detected: the node that builds the app (often a CPU-only
+    # head) says nothing about where the replicas run.
+    device: Literal["cpu", "gpu"] = "cpu"
     llm: Replicas = Field(default_factory=Replicas)
     ingress: Replicas = Field(default_factory=lambda: Replicas(num_cpus=0.5))
 

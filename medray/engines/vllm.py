@@ -35,6 +35,16 @@ def _is_cpu_build() -> bool:
         return True
 
 
+def engine_args(tensor_parallel_size: int = 1,
+                gpu_memory_utilization: float | None = None) -> dict[str, Any]:
+    """GPU sizing of one engine: GPUs it spans, share of each GPU's memory it may take
+    (vLLM's default 0.9 assumes the engine owns the GPU)."""
+    out: dict[str, Any] = {"tensor_parallel_size": tensor_parallel_size}
+    if gpu_memory_utilization is not None:
+        out["gpu_memory_utilization"] = gpu_memory_utilization
+    return out
+
+
 class VLLMEngine:
     """Engine protocol over `vllm.LLM`. One adapter (optional) is applied to every call."""
 
@@ -48,9 +58,13 @@ class VLLMEngine:
         max_model_len: int = 2048,
         max_lora_rank: int = 16,
         enable_prefix_caching: bool | None = None,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float | None = None,
         seed: int = 0,
         **engine_kwargs: Any,
     ) -> None:
+        engine_kwargs = {**engine_kwargs,
+                         **engine_args(tensor_parallel_size, gpu_memory_utilization)}
         if _is_cpu_build():
             apply_cpu_env()
             engine_kwargs.setdefault("enforce_eager", True)

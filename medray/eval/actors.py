@@ -37,7 +37,7 @@ class EvalWorker:
             from medray.engines.vllm import VLLMEngine
 
             self.engine = VLLMEngine(spec.model or "", adapter=spec.adapter,
-                                     max_model_len=spec.max_model_len)
+                                     **spec.vllm_kwargs())
         else:
             self._baseline = {row["id"]: row for row in self._baseline_rows()}
 

@@ -6,6 +6,8 @@ Example (served model; `MEDRAY_API_KEY` holds the bearer key)::
     split: test                     # test | test_cross | val
     engine: {kind: serve, url: "http://127.0.0.1:8000", adapter: ft}
     #engine: {kind: vllm, model: runs/demo/model, adapter: runs/demo/train/adapter}
+    #engine: {kind: vllm, model: M, device: gpu, tensor_parallel_size: 2,
+    #         gpu_memory_utilization: 0.9, enable_prefix_caching: true}  # 2 GPUs per actor
     #engine: {kind: baseline, baseline: random-token, tokens: 1024, seed: 0}
     prompt_format: qea
     context_tokens: 1024
@@ -18,7 +20,7 @@ Example (served model; `MEDRAY_API_KEY` holds the bearer key)::
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -39,6 +41,13 @@ class EngineSpec(BaseModel):
     seed: int = 0
     max_model_len: int = 2048
     timeout_s: float = 300.0
+    # vllm: where each evaluation actor runs its engine. On gpu an actor reserves
+    # tensor_parallel_size GPUs from Ray (Ray does not hide GPUs from actors that ask for
+    # none, so two zero-GPU actors on a node would both start on cuda:0).
+    device: Literal["cpu", "gpu"] = "cpu"
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enable_prefix_caching: bool | None = None  # None: vLLM's default
 
     @model_validator(mode="after")
     def _needs(self) -> EngineSpec:
@@ -48,7 +57,30 @@ class EngineSpec(BaseModel):
             raise ValueError("engine.kind=vllm needs engine.model (a path or hub id)")
         if self.kind == "baseline" and not self.baseline:
             raise ValueError("engine.kind=baseline needs engine.baseline")
+        if self.device == "cpu" and self.tensor_parallel_size > 1:
+            raise ValueError("engine.tensor_parallel_size > 1 needs engine.device=gpu")
         return self
+
+    def vllm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the in-process vLLM engine (medray.engines.vllm)."""
+        kwargs: dict[str, Any] = {"max_model_len": self.max_model_len,
+                                  "enable_prefix_caching": self.enable_prefix_caching}
+        if self.device == "gpu":
+            kwargs.update(tensor_parallel_size=self.tensor_parallel_size,
+                          gpu_memory_utilization=self.gpu_memory_utilization)
+            if self.tensor_parallel_size > 1:
+                # Worker processes inside the actor, on the GPUs Ray gave it (not a Ray
+                # placement group of its own).
+                kwargs["distributed_executor_backend"] = "mp"
+        return kwargs
+
+    def actor_options(self) -> dict[str, Any]:
+        """What one evaluation actor asks Ray for."""
+        if self.kind != "vllm":
+            return {"num_cpus": 0.25}  # HTTP clients and baselines barely use a CPU
+        if self.device == "gpu":
+            return {"num_cpus": 1, "num_gpus": self.tensor_parallel_size}
+        return {"num_cpus": 1}  # vLLM on CPU needs its core
 
     @property
     def label(self) -> str:

@@ -86,12 +86,19 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
     return {k: conv(v) for k, v in row.items()}
 
 
+def worker_class(cfg: EvalConfig, max_concurrency: int) -> Any:
+    """The evaluation actor class with its resource request (GPUs for vLLM on GPU)."""
+    import ray
+
+    from medray.eval.actors import EvalWorker
+
+    return ray.remote(**cfg.engine.actor_options(), max_concurrency=max_concurrency)(EvalWorker)
+
+
 def predict_all(cfg: EvalConfig, out: Path,
                 on_prediction: Callable[[dict], None] | None = None) -> dict[str, int]:
     """Send pending items through `cfg.actors` actors with <= `cfg.max_in_flight` in flight."""
     import ray
-
-    from medray.eval.actors import EvalWorker
 
     out.mkdir(parents=True, exist_ok=True)
     pred_path = out / PREDICTIONS
@@ -103,9 +110,7 @@ def predict_all(cfg: EvalConfig, out: Path,
         return stats
     n_actors = min(cfg.actors, len(pending))
     per_actor = max(1, -(-cfg.max_in_flight // n_actors))
-    # In-process vLLM needs its CPUs; HTTP clients and baselines barely use any.
-    cpus = 1 if cfg.engine.kind == "vllm" else 0.25
-    worker_cls = ray.remote(num_cpus=cpus, max_concurrency=per_actor)(EvalWorker)
+    worker_cls = worker_class(cfg, per_actor)
     config = cfg.model_dump(mode="json")
     # The API key is read here and handed to the actors, never written to config.json.
     api_key = os.environ.get(cfg.engine.api_key_env) if cfg.engine.kind == "serve" else None

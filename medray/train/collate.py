@@ -7,7 +7,12 @@
   for each example and the attention mask is left out: transformers (>= 4.53,
   `masking_utils.find_packed_sequence_indices`) then builds a block-diagonal causal mask
   from the position-id resets, for sdpa and eager attention alike, so examples never
-  attend to each other. This needs `use_cache=False` in the forward pass.
+  attend to each other. This needs `use_cache=False` in the forward pass. With
+  `model.attn_implementation: flash_attention_2` the same resets become the sequence
+  boundaries of flash-attn's varlen kernel: no mask at all, memory linear in the row.
+
+Batches are built on the host; the training step moves them to the worker's device
+(medray.train.step, medray.train.device).
 """
 
 from __future__ import annotations

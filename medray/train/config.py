@@ -29,6 +29,13 @@ class ModelConfig(_Strict):
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
     trust_remote_code: bool = False
     gradient_checkpointing: bool = False
+    # sdpa (default); flash_attention_2 where flash-attn is installed: with
+    # data.batching=pack it attends within each packed example through the restarting
+    # position ids (varlen kernels), instead of sdpa's dense block-diagonal mask.
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    # Hugging Face cache the workers download into. None: OUTPUT/hf-cache beside the run
+    # (on the shared storage with it); a cluster config points all runs at one cache.
+    cache_dir: str | None = None
 
 
 class LoraConfig(_Strict):

@@ -14,28 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from medray.train.checkpoints import load_state, save_checkpoint
-from medray.train.collate import micro_batches, model_inputs, useful_tokens
+from medray.train.collate import micro_batches
 from medray.train.config import TrainConfig, deepspeed_config, peft_lora_config
-
-
-def _all_reduce(values: list[float], op: str = "sum") -> list[float]:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor(values, dtype=torch.float64)
-    if dist.is_initialized():
-        dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MIN)
-    return t.tolist()
-
-
-def _synced(batches: Any) -> Any:
-    """Yield batches while EVERY worker still has one: ZeRO collectives need equal counts."""
-    it = iter(batches)
-    while True:
-        batch = next(it, None)
-        if _all_reduce([0.0 if batch is None else 1.0], op="min")[0] == 0.0:
-            return
-        yield batch
+from medray.train.device import all_reduce, cast_parameters, synced, worker_device
+from medray.train.step import eval_loss, train_step
 
 
 def _epoch_batches(shard: Any, cfg: TrainConfig, pad_id: int, epoch: int) -> Any:
@@ -93,7 +75,7 @@ def _tensorboard(path: str | None, rank: int) -> Any:
 
 
 def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: Any,
-             rank: int, world: int) -> dict[str, float]:
+             rank: int, world: int, device: Any) -> dict[str, float]:
     """Validation loss (token-weighted, all workers) + greedy F1/EM on the fixed subset."""
     import ray.train
     import torch
@@ -108,12 +90,11 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: 
         shard = ray.train.get_dataset_shard("val")
         batches = micro_batches(_rows(shard), batch_size=cfg.optim.micro_batch_size,
                                 pad_id=pad_id, mode="pad")
-        for batch in _synced(batches):
-            n = float((batch["labels"][:, 1:] != -100).sum())
-            out = engine(**model_inputs(batch), use_cache=False)
-            loss_sum += float(out.loss) * n
-            n_tok += n
-    loss_sum, n_tok = _all_reduce([loss_sum, n_tok])
+        for batch in synced(batches, device):
+            summed, n = eval_loss(engine, batch, device)
+            loss_sum += float(summed)
+            n_tok += float(n)
+    loss_sum, n_tok = all_reduce([loss_sum, n_tok], device)
     metrics = {"val_loss": loss_sum / max(n_tok, 1.0), "val_tokens": n_tok}
 
     items = plan.get("val_generate", [])
@@ -162,33 +143,32 @@ def _maybe_kill(cfg: TrainConfig, rank: int, step: int) -> None:
     os._exit(1)
 
 
-def train_loop_per_worker(config: dict) -> None:
+def build_engine(cfg: TrainConfig, plan: dict, world: int, device: Any) -> tuple[Any, ...]:
+    """Model on `device` (LoRA, parameters in the training dtype) inside a DeepSpeed engine.
+
+    Returns (engine, peft model, tokenizer, scheduler).
+    """
     import deepspeed
-    import ray.train
     import torch
     from peft import get_peft_model
     from transformers import get_scheduler
 
     from medray.models import check_lora_targets, load_model_and_tokenizer
 
-    t_start = time.perf_counter()
-    cfg = TrainConfig.model_validate(config["cfg"])
-    plan = config["plan"]
-    ctx = ray.train.get_context()
-    rank, world = ctx.get_world_rank(), ctx.get_world_size()
-    torch.manual_seed(cfg.optim.seed)
-    if not cfg.scaling.use_gpu:
-        torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
-
-    model, tokenizer = load_model_and_tokenizer(cfg.model.name_or_path, cfg.model.dtype,
-                                                trust_remote_code=cfg.model.trust_remote_code)
+    # ZeRO-3 with offloaded parameters partitions them from host memory.
+    load_on = "cpu" if cfg.deepspeed.offload_params else device
+    model, tokenizer = load_model_and_tokenizer(
+        cfg.model.name_or_path, cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
+        device=load_on, cache_dir=cfg.model.cache_dir,
+        attn_implementation=cfg.model.attn_implementation)
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.enable_input_require_grads()
     targets = check_lora_targets(model, cfg.lora.target_modules)
     model = get_peft_model(model, peft_lora_config(cfg, targets))
     if cfg.model.dtype != "fp32":  # trainable LoRA weights in the training precision
-        model.to(getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[cfg.model.dtype]))
+        cast_parameters(model, getattr(torch, {"bf16": "bfloat16", "fp16": "float16"}[
+            cfg.model.dtype]))
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   weight_decay=cfg.optim.weight_decay)
@@ -200,6 +180,25 @@ def train_loop_per_worker(config: dict) -> None:
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                            lr_scheduler=scheduler,
                                            config=deepspeed_config(cfg, world))
+    return engine, model, tokenizer, scheduler
+
+
+def train_loop_per_worker(config: dict) -> None:
+    import ray.train
+    import torch
+
+    t_start = time.perf_counter()
+    cfg = TrainConfig.model_validate(config["cfg"])
+    plan = config["plan"]
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    device = worker_device()
+    torch.manual_seed(cfg.optim.seed)
+    if not cfg.scaling.use_gpu:
+        torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
+
+    engine, model, tokenizer, scheduler = build_engine(cfg, plan, world, device)
+    total_steps = plan["total_steps"]
     pad_id = tokenizer.pad_token_id
 
     state = {"epoch": 0, "micro_in_epoch": 0, "history": [], "best": None, "resumed_from": None}
@@ -212,10 +211,11 @@ def train_loop_per_worker(config: dict) -> None:
     writer = _tensorboard(plan.get("tensorboard_dir"), rank)
     bar = _progress(total_steps, engine.global_steps, rank)
 
-    _log(rank, f"worker ready: {time.perf_counter() - t_start:.1f}s (model, LoRA, DeepSpeed)")
+    _log(rank, f"worker ready on {device}: {time.perf_counter() - t_start:.1f}s "
+               "(model, LoRA, DeepSpeed)")
     if checkpoint is None and plan.get("initial_eval", True):
         t_eval = time.perf_counter()
-        initial = evaluate(engine, cfg, pad_id, plan, tokenizer, rank, world)
+        initial = evaluate(engine, cfg, pad_id, plan, tokenizer, rank, world, device)
         _log(rank, f"initial validation {time.perf_counter() - t_eval:.1f}s: "
                    f"val_loss {initial['val_loss']:.4f}")
         state["initial"] = initial
@@ -228,39 +228,38 @@ def train_loop_per_worker(config: dict) -> None:
         loss_sum = n_micro = tokens = 0.0
         t0 = time.perf_counter()
         skip = state["micro_in_epoch"]  # resuming mid-epoch: skip consumed micro-batches
-        for i, batch in enumerate(_synced(_epoch_batches(shard, cfg, pad_id, epoch))):
+        for i, batch in enumerate(synced(_epoch_batches(shard, cfg, pad_id, epoch), device)):
             if i < skip:
                 continue
-            out = engine(**model_inputs(batch), use_cache=False)
-            engine.backward(out.loss)
-            engine.step()
-            loss_sum += float(out.loss)
+            res = train_step(engine, batch, device)
+            loss = float(res.loss)
+            loss_sum += loss
             n_micro += 1
-            tokens += useful_tokens(batch)
+            tokens += res.tokens
             state["micro_in_epoch"] = i + 1
-            if not engine.is_gradient_accumulation_boundary():
+            if not res.boundary:
                 continue
             step = engine.global_steps
             lr = scheduler.get_last_lr()[0]
             bar.update(1)
             tok_s = tokens * world / (time.perf_counter() - t0)
-            bar.set_description(f"epoch {epoch + 1} loss {float(out.loss):.3f} lr {lr:.2e} "
+            bar.set_description(f"epoch {epoch + 1} loss {loss:.3f} lr {lr:.2e} "
                                 f"tok/s {tok_s:.0f}")
             if writer:
-                writer.add_scalar("train/loss", float(out.loss), step)
+                writer.add_scalar("train/loss", loss, step)
                 writer.add_scalar("train/lr", lr, step)
             _maybe_kill(cfg, rank, step)
             every = cfg.checkpoint.every_steps
             if every and step % every == 0 and step < total_steps:
                 save_checkpoint(engine, model, tokenizer, state, cfg,
-                                {"step": step, "epoch": epoch, "train_loss": float(out.loss)},
+                                {"step": step, "epoch": epoch, "train_loss": loss},
                                 rank, world, writer)
             if step >= total_steps:
                 break
         elapsed = time.perf_counter() - t0
-        loss_sum, n_micro, tokens = _all_reduce([loss_sum, n_micro, tokens])
+        loss_sum, n_micro, tokens = all_reduce([loss_sum, n_micro, tokens], device)
         t_eval = time.perf_counter()
-        val = evaluate(engine, cfg, pad_id, plan, tokenizer, rank, world)
+        val = evaluate(engine, cfg, pad_id, plan, tokenizer, rank, world, device)
         _log(rank, f"epoch {epoch + 1}: train {elapsed:.1f}s, validation "
                    f"{time.perf_counter() - t_eval:.1f}s, val_loss {val['val_loss']:.4f}, "
                    f"val_f1 {val.get('val_f1', float('nan')):.4f} (medqaro mode)")

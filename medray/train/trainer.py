@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from medray.train.config import TrainConfig
+from medray.train.config import ConfigError, TrainConfig
 
 MEDQARO_METRIC_NOTE = (
     "val_f1/val_em: metric mode 'medqaro' (reference formulas), greedy decoding, "
@@ -32,7 +32,13 @@ MEDQARO_METRIC_NOTE = (
 def preflight(cfg: TrainConfig) -> dict[str, Any]:
     """Every check that can fail before workers start; returns the run plan."""
     from medray.data.prepared import load_prepared
-    from medray.models import LoraTargetError, check_lora_targets, load_tokenizer, meta_model
+    from medray.models import (
+        LoraTargetError,
+        check_attn_implementation,
+        check_lora_targets,
+        load_tokenizer,
+        meta_model,
+    )
     from medray.tokenize import answer_ids, check_budget, prompt_pieces
 
     # Workers do not share the driver's working directory: make local paths absolute.
@@ -40,6 +46,10 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         cfg.model.name_or_path = str(Path(cfg.model.name_or_path).resolve())
     if Path(cfg.data.path).exists():
         cfg.data.path = str(Path(cfg.data.path).resolve())
+    try:
+        check_attn_implementation(cfg.model.attn_implementation)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     model = meta_model(cfg.model.name_or_path, cfg.model.trust_remote_code)
     targets = check_lora_targets(model, cfg.lora.target_modules)
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
@@ -133,12 +143,13 @@ def build_trainer(cfg: TrainConfig, output: Path, plan: dict, contexts_ref: Any,
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    from medray.train.device import torch_backend
     from medray.train.loop import train_loop_per_worker
 
     return TorchTrainer(
         train_loop_per_worker,
         train_loop_config={"cfg": cfg.model_dump(mode="json"), "plan": plan},
-        torch_config=TorchConfig(backend="nccl" if cfg.scaling.use_gpu else "gloo"),
+        torch_config=TorchConfig(backend=torch_backend(cfg.scaling.use_gpu)),
         scaling_config=ScalingConfig(
             num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
             resources_per_worker={"CPU": cfg.scaling.cpus_per_worker,
@@ -178,6 +189,14 @@ def _datasets(cfg: TrainConfig, plan: dict, contexts: dict, contexts_ref: Any) -
     return {"train": train, "val": ray.data.from_pandas(assembler(val))}
 
 
+def resolve_cache_dir(cfg: TrainConfig, output: Path) -> str:
+    """model.cache_dir, by default OUTPUT/hf-cache: on the run's shared storage, so all
+    workers and every restart reuse one download."""
+    if cfg.model.cache_dir is None:
+        cfg.model.cache_dir = str((Path(output) / "hf-cache").resolve())
+    return cfg.model.cache_dir
+
+
 def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print,
                  callbacks: Sequence[Any] = ()) -> dict:
     """`medray train`. `callbacks`: extra Ray Train callbacks on the TorchTrainer's RunConfig
@@ -189,6 +208,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     from medray.train.checkpoints import export_adapter, load_state
 
     output = Path(output)
+    resolve_cache_dir(cfg, output)
     plan = preflight(cfg)
     from medray.fsutil import claim_directory
 

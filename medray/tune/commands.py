@@ -24,7 +24,7 @@ def tune(
                                      "trials are kept, unfinished ones resume)"),
     search: SearchAlg = typer.Option(None, help="search algorithm (default: the space's)"),
     num_samples: int = typer.Option(None, help="trials (random/optuna) or grid repeats"),
-    max_concurrent_trials: int = typer.Option(None, help="default: space, else what fits"),
+    max_concurrent_trials: int = typer.Option(None, help="default: space, else all (queued)"),
     metric: SweepMetric = typer.Option(None, help="metric to optimise (default: the space's)"),
     mode: OptMode = typer.Option(None, help="max or min (default: the space's)"),
     overrides: list[str] = typer.Argument(None, help="dotted key=value training overrides"),

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,11 +236,20 @@ def per_trial_resources(plan: SweepPlan) -> dict[str, float]:
             "GPU": float(sc["num_workers"]) if sc["use_gpu"] else 0.0}
 
 
-def auto_concurrency(plan: SweepPlan, cluster: dict[str, float]) -> int:
-    """Trials that fit the cluster at once (Tune only sees the driver's resources)."""
-    need = per_trial_resources(plan)
-    fits = [math.floor(cluster.get(k, 0.0) / v) for k, v in need.items() if v > 0]
-    return max(1, min(fits) if fits else 1)
+def trial_count(plan: SweepPlan) -> int:
+    """Trials the sweep runs in all (a grid runs every point num_samples times)."""
+    return plan.num_samples * (plan.space.grid_size() if plan.search == "grid" else 1)
+
+
+def max_concurrency(plan: SweepPlan) -> int:
+    """The configured maximum (space file or --max-concurrent-trials), else every trial.
+
+    Never a snapshot of the cluster's resources: an autoscaling cluster at zero GPU
+    workers would then run one trial at a time. Trials that do not fit yet wait in
+    Tune's queue, and their pending resource requests are what makes the autoscaler add
+    nodes.
+    """
+    return plan.max_concurrent_trials or trial_count(plan)
 
 
 def trial_dirname(trial: Any) -> str:
@@ -299,7 +307,6 @@ def preflight_sweep(plan: SweepPlan, log: Any = print) -> None:
 
 def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print) -> Any:
     """Run (or resume) the sweep and write the outputs; returns medray.tune.outputs.Summary."""
-    import ray
     from ray import tune
 
     from medray.raycluster import connect
@@ -315,7 +322,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print) -> Any
     # RAY_ADDRESS set (ray job submit, a cluster): join it; otherwise a local cluster with
     # room for every concurrent trial's driver and Train workers plus Ray Data's tasks.
     connect(min_cpus=per_trial_resources(plan)["CPU"] * (plan.max_concurrent_trials or 1) + 2)
-    concurrency = plan.max_concurrent_trials or auto_concurrency(plan, ray.cluster_resources())
+    concurrency = max_concurrency(plan)
     need = per_trial_resources(plan)
     log(f"sweep: search {plan.search}, metric {plan.metric} ({plan.mode}), "
         f"{plan.num_samples} sample(s)"
