@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-app = typer.Typer(
+app = typer.Typer(rich_markup_mode=None,
     help="Fine-tune, serve and evaluate LLMs on medical QA benchmarks, on Ray.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -28,6 +28,7 @@ def demo(
                                           "e.g. train.optim.max_steps=100"),
 ) -> None:
     """The whole pipeline on synthetic data: tiny model, Ray Train LoRA, Serve, eval, report."""
+    from medray.console import fail
     from medray.demo import run_demo
     from medray.demo_config import DEFAULT_DEMO_CONFIG
     from medray.train.config import ConfigError
@@ -36,8 +37,7 @@ def demo(
         run_demo(output, seed=seed, config=config or DEFAULT_DEMO_CONFIG,
                  overrides=overrides or [], address=address)
     except ConfigError as err:
-        typer.echo(f"error: {err}", err=True)
-        raise typer.Exit(2) from None
+        fail(str(err))
 
 
 # --- metrics and baselines (issue 3) ---

@@ -8,7 +8,8 @@ from typing import Annotated
 
 import typer
 
-data_app = typer.Typer(help="Synthesise, prepare and inspect benchmark data.",
+data_app = typer.Typer(rich_markup_mode=None,
+                       help="Synthesise, prepare and inspect benchmark data.",
                        no_args_is_help=True)
 
 DatasetOpt = Annotated[str, typer.Option("--dataset", "-d",

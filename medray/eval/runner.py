@@ -87,8 +87,10 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def predict_all(cfg: EvalConfig, out: Path,
-                on_prediction: Callable[[dict], None] | None = None) -> dict[str, int]:
-    """Send pending items through `cfg.actors` actors with <= `cfg.max_in_flight` in flight."""
+                on_prediction: Callable[[dict], None] | None = None,
+                on_plan: Callable[[dict], None] | None = None) -> dict[str, int]:
+    """Send pending items through `cfg.actors` actors with <= `cfg.max_in_flight` in flight.
+    `on_plan(stats)` hears the item counts before the first request (a progress bar)."""
     import ray
 
     from medray.eval.actors import EvalWorker
@@ -99,10 +101,14 @@ def predict_all(cfg: EvalConfig, out: Path,
     pending, selected = _pending_rows(cfg, done)
     stats = {"selected": len(selected), "resumed": len(done & set(selected)),
              "requested": 0, "written": 0}
+    if on_plan is not None:
+        on_plan(stats)
     if not pending:
         return stats
     n_actors = min(cfg.actors, len(pending))
-    per_actor = max(1, -(-cfg.max_in_flight // n_actors))
+    # vLLM's offline engine is not thread-safe: two threads in one actor calling it at once
+    # abort the process, so an in-process vLLM actor takes one request at a time.
+    per_actor = 1 if cfg.engine.kind == "vllm" else max(1, -(-cfg.max_in_flight // n_actors))
     # In-process vLLM needs its CPUs; HTTP clients and baselines barely use any.
     cpus = 1 if cfg.engine.kind == "vllm" else 0.25
     worker_cls = ray.remote(num_cpus=cpus, max_concurrency=per_actor)(EvalWorker)
@@ -178,11 +184,12 @@ def score_run(cfg: EvalConfig, out: Path) -> dict[str, Any]:
 
 
 def run_eval(cfg: EvalConfig, out: str | os.PathLike,
-             on_prediction: Callable[[dict], None] | None = None) -> dict[str, Any]:
+             on_prediction: Callable[[dict], None] | None = None,
+             on_plan: Callable[[dict], None] | None = None) -> dict[str, Any]:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json_atomic(out / "config.json", cfg.model_dump(mode="json"))
-    stats = predict_all(cfg, out, on_prediction)
+    stats = predict_all(cfg, out, on_prediction, on_plan)
     metrics = score_run(cfg, out)
     summary = {
         "run": {"dataset": json.loads((Path(cfg.data) / "manifest.json").read_text())["dataset"],
