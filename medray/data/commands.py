@@ -125,7 +125,9 @@ def stats(
 @data_app.command()
 def prompt(
     directory: Annotated[Path, typer.Argument(help="prepared dataset directory")],
-    id: Annotated[str, typer.Option("--id", help="example id, e.g. test:12")],
+    id: Annotated[str, typer.Option(
+        "--id", help="example id as prepared: test:12 (MedQARo), test:rb-… (RoBiology), "
+        "IT0001 (EuropeMedQA); `medray data stats DIR --json` shows the splits")],
     format: Annotated[str, typer.Option("--format", help="qea | eqa (MedQARo)")] = "qea",
     context_tokens: Annotated[int | None, typer.Option(
         help="MedQARo: trim the epicrisis so the prompt fits N tokens")] = None,
