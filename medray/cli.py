@@ -24,20 +24,24 @@ def demo(
     seed: int = typer.Option(0, help="seed of the synthetic data, model init and training"),
     config: Path = typer.Option(None, help="demo recipe (default: configs/demo.yaml)"),
     address: str = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else local)"),
+    verbose: bool = typer.Option(False, "--verbose",
+                                 help="show Ray/vLLM/DeepSpeed logs here (default: "
+                                      "OUTPUT/logs/)"),
     overrides: list[str] = typer.Argument(None, help="dotted key=value recipe overrides, "
                                           "e.g. train.optim.max_steps=100"),
 ) -> None:
     """The whole pipeline on synthetic data: tiny model, Ray Train LoRA, Serve, eval, report."""
-    from medray.console import fail
+    from medray.console import command_console, fail
     from medray.demo import run_demo
     from medray.demo_config import DEFAULT_DEMO_CONFIG
     from medray.train.config import ConfigError
 
-    try:
-        run_demo(output, seed=seed, config=config or DEFAULT_DEMO_CONFIG,
-                 overrides=overrides or [], address=address)
-    except ConfigError as err:
-        fail(str(err))
+    with command_console("demo", output / "logs", verbose=verbose) as display:
+        try:
+            run_demo(output, seed=seed, config=config or DEFAULT_DEMO_CONFIG,
+                     overrides=overrides or [], address=address, console=display.console)
+        except ConfigError as err:
+            fail(str(err))
 
 
 # --- metrics and baselines (issue 3) ---

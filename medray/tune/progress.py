@@ -18,7 +18,14 @@ class TrialProgress(Callback):
         self.done = 0
         self.best = math.nan
 
+    def __getstate__(self) -> dict:
+        # Tune pickles its run config (callbacks included) into the experiment folder; a
+        # live console cannot travel, and a restored sweep draws no bar.
+        return {**self.__dict__, "bars": None}
+
     def _draw(self) -> None:
+        if self.bars is None:
+            return
         best = "" if math.isnan(self.best) else f", best {self.metric} {self.best:.4f}"
         self.bars.update(self.task, completed=self.done,
                          info=f"{len(self.running)} running{best}")
