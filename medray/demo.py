@@ -25,6 +25,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
+from medray.console import Display
 from medray.demo_config import DEFAULT_DEMO_CONFIG, DemoConfig, load_demo_config
 from medray.fsutil import claim_directory
 
@@ -76,7 +77,8 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
         train_cfg.model.name_or_path = str(output / "model" / "pretrained")
         train_cfg.data.path = str(output / "data")
         train_cfg.optim.seed = seed
-        trained = run_training(train_cfg, output / "train", log=console.print)
+        trained = run_training(train_cfg, output / "train", log=console.print,
+                               display=Display(console, None))
 
     # One vLLM replica at a time keeps a laptop's memory low: serve, evaluate, tear down.
     evaluate = SystemEvaluator(cfg, train_cfg, output, console)

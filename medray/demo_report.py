@@ -184,7 +184,8 @@ def _markdown(cfg: DemoConfig, rows: list[dict], margin: float | None, how: str,
         "",
         "## Time (s, this machine) and memory",
         "",
-        to_markdown(pd.DataFrame([timings])),
+        to_markdown(pd.DataFrame({"stage": list(timings),
+                                  "seconds": [round(v, 1) for v in timings.values()]})),
         f"Memory: {memory['peak_above_start_gib']} GiB peak above start ({memory['how']})."
         if memory else "",
     ]

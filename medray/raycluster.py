@@ -28,14 +28,23 @@ def use_small_data_reader() -> None:
 
 
 def connect(address: str | None = None, *, num_cpus: int | None = None, min_cpus: float = 0,
-            dashboard: bool = False, log_to_driver: bool = True) -> Any:
+            dashboard: bool = False, log_to_driver: bool | None = None) -> Any:
     """ray.init once: join `address` (or RAY_ADDRESS), else start a local cluster with
     at least LOCAL_MIN_LOGICAL_CPUS logical CPUs (and `min_cpus`). Returns the RayContext,
-    or None when Ray was already initialised by the caller."""
+    or None when Ray was already initialised by the caller. Worker logs reach the driver
+    unless a quiet console (medray.console) is drawing the command's own progress."""
     import ray
 
+    from medray import console
+
+    if console.quiet():
+        from ray.data import DataContext
+
+        DataContext.get_current().enable_progress_bars = False
     if ray.is_initialized():
         return None
+    if log_to_driver is None:
+        log_to_driver = not console.quiet()
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address:
         return ray.init(address=address, log_to_driver=log_to_driver)

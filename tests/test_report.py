@@ -45,6 +45,11 @@ def test_report_tables_and_plots(ray_session, medqaro_prepared, tmp_path):
     md = (out / "results.md").read_text()
     assert "| model | fine_tuned | context_tokens |" in md and "majority" in md
     assert "medqaro metric mode" in md
+    # counts print as integers, metrics with their 95% CI
+    assert "| 1024 |" in md and "1024.0000" not in md
+    f1 = saved["metrics"]["medqaro"]["metrics"]["f1"]
+    assert f"{f1['mean']:.4f} [{f1['ci95'][0]:.4f}, {f1['ci95'][1]:.4f}]" in md
+    assert "written:" in res.output and "| model |" in res.output
     tex = (out / "results.tex").read_text()
     assert "\\begin{tabular}" in tex and "random-token" in tex
 

@@ -52,7 +52,8 @@ def test_bad_override_is_named(tmp_path):
 
 def test_deepspeed_config_generated():
     cfg = load_config(CONFIGS / "tiny-cpu.yaml", ["deepspeed.offload_optimizer=true",
-                                                  "model.dtype=bf16"])
+                                                  "model.dtype=bf16", "model.name_or_path=m",
+                                                  "data.path=d"])
     ds = deepspeed_config(cfg, world_size=2)
     assert ds["zero_optimization"]["stage"] == 2
     assert ds["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
@@ -67,7 +68,8 @@ TRAIN_CONFIGS = ["tiny-cpu", "phi-4-mini-2048", "phi-4-mini-3072", "phi-4-mini-4
 def test_every_shipped_training_config_validates():
     for name in TRAIN_CONFIGS:
         p = CONFIGS / f"{name}.yaml"
-        cfg = load_config(p)
+        paths = ["model.name_or_path=m", "data.path=d"] if name == "tiny-cpu" else []
+        cfg = load_config(p, paths)
         if "phi-4" in p.name:
             assert cfg.lora.target_modules == ["qkv_proj", "o_proj"]
             assert cfg.model.name_or_path == "microsoft/Phi-4-mini-instruct"
@@ -106,3 +108,14 @@ def test_train_cli_exits_2_on_bad_config(tiny_model, medqaro_prepared, tmp_path)
                                    "lora.target_modules=[fc1]"])
     assert res.exit_code == 2 and "fc1" in res.output
     assert not out.exists()  # nothing written, no worker started
+
+
+def test_shipped_tiny_config_names_the_paths_to_set():
+    """configs/tiny-cpu.yaml carries no machine-specific paths: it says which key to set."""
+    with pytest.raises(ConfigError, match=r"model.name_or_path is not set: pass "
+                                          r"model.name_or_path=PATH"):
+        load_config(CONFIGS / "tiny-cpu.yaml")
+    with pytest.raises(ConfigError, match=r"data.path is not set: pass data.path=DIR"):
+        load_config(CONFIGS / "tiny-cpu.yaml", ["model.name_or_path=m"])
+    assert load_config(CONFIGS / "tiny-cpu.yaml",
+                       ["model.name_or_path=m", "data.path=d"]).data.path == "d"

@@ -45,7 +45,7 @@ def _trial(root: Path, tid: str, lr: float, r: int, losses: list[float], f1s: li
 @pytest.fixture()
 def sweep(tmp_path):
     plan = plan_sweep(ROOT / "configs/tiny-cpu.yaml", ROOT / "tune/spaces/tiny_cpu.yaml",
-                      tmp_path / "out")
+                      tmp_path / "out", ["model.name_or_path=m", "data.path=d"])
     root = plan.experiment_dir
     results = [
         _trial(root, "a_00000", 3e-3, 4, [2.0, 1.5], [0.1, 0.2], True),

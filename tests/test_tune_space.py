@@ -17,6 +17,8 @@ from medray.tune.sweep import plan_sweep
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "tune/spaces/medqaro_paper.yaml"
 TINY = ROOT / "tune/spaces/tiny_cpu.yaml"
+# configs/tiny-cpu.yaml leaves its paths to the command line (placeholders)
+TINY_PATHS = ["model.name_or_path=runs/tiny-model", "data.path=runs/data"]
 
 
 def _space(tmp_path: Path, **changes) -> Path:
@@ -45,7 +47,8 @@ def test_paper_space_is_the_papers_grid():
 @pytest.mark.parametrize("config,space", [("phi-4-mini-3072.yaml", PAPER),
                                           ("tiny-cpu.yaml", TINY)])
 def test_shipped_spaces_validate_against_their_configs(config, space, tmp_path):
-    plan = plan_sweep(ROOT / "configs" / config, space, tmp_path / "out", search="grid")
+    paths = TINY_PATHS if config == "tiny-cpu.yaml" else []
+    plan = plan_sweep(ROOT / "configs" / config, space, tmp_path / "out", paths, search="grid")
     # the sweep metric also picks each trial's best checkpoint
     assert plan.base["checkpoint"]["metric"] == plan.metric
     assert Path(plan.base["data"]["path"]).is_absolute()  # trials run in another cwd
@@ -53,7 +56,7 @@ def test_shipped_spaces_validate_against_their_configs(config, space, tmp_path):
 
 def test_tiny_space_fixed_values_and_cli_override_precedence(tmp_path):
     plan = plan_sweep(ROOT / "configs/tiny-cpu.yaml", TINY, tmp_path / "o",
-                      ["data.max_train_examples=32", "optim.warmup_steps=1"])
+                      [*TINY_PATHS, "data.max_train_examples=32", "optim.warmup_steps=1"])
     assert plan.base["scaling"]["num_workers"] == 1  # from the space's `fixed`
     assert plan.base["data"]["max_train_examples"] == 32  # command line beats `fixed`
     assert plan.base["optim"]["warmup_steps"] == 1
@@ -63,13 +66,13 @@ def test_tiny_space_fixed_values_and_cli_override_precedence(tmp_path):
 def test_unknown_training_key_is_named(tmp_path):
     bad = _space(tmp_path, params={"lora.rank": [4, 8]})
     with pytest.raises(SpaceError) as exc:
-        plan_sweep(ROOT / "configs/tiny-cpu.yaml", bad, tmp_path / "o")
+        plan_sweep(ROOT / "configs/tiny-cpu.yaml", bad, tmp_path / "o", TINY_PATHS)
     msg = str(exc.value)
     assert "lora.rank" in msg and "unknown key 'rank'" in msg and str(bad) in msg
     assert "alpha" in msg  # lists the keys that do exist
     bad = _space(tmp_path, fixed={"optim.learning_rate": 1e-3})
     with pytest.raises(SpaceError, match="fixed: 'optim.learning_rate'"):
-        plan_sweep(ROOT / "configs/tiny-cpu.yaml", bad, tmp_path / "o")
+        plan_sweep(ROOT / "configs/tiny-cpu.yaml", bad, tmp_path / "o", TINY_PATHS)
 
 
 def test_unknown_space_key_and_bad_values_are_named(tmp_path):
@@ -79,29 +82,33 @@ def test_unknown_space_key_and_bad_values_are_named(tmp_path):
         parse_space({"params": {"optim.lr": {"type": "loguniform", "low": 0, "high": 1}}})
     bad = _space(tmp_path, params={"lora.r": [0, 4]})  # LoraConfig: r >= 1
     with pytest.raises(SpaceError, match=r"'lora.r' value 0 is rejected"):
-        plan_sweep(ROOT / "configs/tiny-cpu.yaml", bad, tmp_path / "o")
+        plan_sweep(ROOT / "configs/tiny-cpu.yaml", bad, tmp_path / "o", TINY_PATHS)
     with pytest.raises(SpaceError, match="'lora' is a whole section"):
         plan_sweep(ROOT / "configs/tiny-cpu.yaml", _space(tmp_path, params={"lora": [1]}),
-                   tmp_path / "o")
+                   tmp_path / "o", TINY_PATHS)
 
 
 def test_grid_needs_discrete_values(tmp_path):
     space = _space(tmp_path, params={"optim.lr": {"type": "loguniform", "low": 1e-6,
                                                   "high": 1e-3}})
     with pytest.raises(SpaceError, match="grid search needs"):
-        plan_sweep(ROOT / "configs/tiny-cpu.yaml", space, tmp_path / "o")
-    plan = plan_sweep(ROOT / "configs/tiny-cpu.yaml", space, tmp_path / "o", search="random")
+        plan_sweep(ROOT / "configs/tiny-cpu.yaml", space, tmp_path / "o", TINY_PATHS)
+    plan = plan_sweep(ROOT / "configs/tiny-cpu.yaml", space, tmp_path / "o", TINY_PATHS,
+                      search="random")
     assert plan.search == "random"
 
 
 def test_metric_must_be_reported_and_overrides_must_not_clash(tmp_path):
     with pytest.raises(SpaceError, match="not reported by training"):
-        plan_sweep(ROOT / "configs/tiny-cpu.yaml", TINY, tmp_path / "o", metric="accuracy")
+        plan_sweep(ROOT / "configs/tiny-cpu.yaml", TINY, tmp_path / "o", TINY_PATHS,
+                   metric="accuracy")
     with pytest.raises(SpaceError, match="also overridden"):
-        plan_sweep(ROOT / "configs/tiny-cpu.yaml", TINY, tmp_path / "o", ["lora.r=16"])
+        plan_sweep(ROOT / "configs/tiny-cpu.yaml", TINY, tmp_path / "o",
+                   [*TINY_PATHS, "lora.r=16"])
     with pytest.raises(SpaceError, match="val_generate_examples > 0"):
         plan_sweep(ROOT / "configs/tiny-cpu.yaml", TINY, tmp_path / "o",
-                   ["data.val_generate_examples=0"], metric="val_f1", mode="max")
+                   [*TINY_PATHS, "data.val_generate_examples=0"], metric="val_f1",
+                   mode="max")
 
 
 def test_random_and_optuna_sample_inside_the_space():
@@ -131,7 +138,7 @@ def test_cli_bad_space_exits_2_without_output(tmp_path):
     bad = _space(tmp_path, params={"lora.rank": [4]})
     out = tmp_path / "sweep"
     res = CliRunner().invoke(app, ["tune", "--config", str(ROOT / "configs/tiny-cpu.yaml"),
-                                   "--space", str(bad), "--output", str(out)])
+                                   "--space", str(bad), "--output", str(out), *TINY_PATHS])
     assert res.exit_code == 2
     assert "lora.rank" in res.output
     assert not out.exists()

@@ -3,8 +3,10 @@
 `tune/spaces/tiny_cpu.yaml` over configs/tiny-cpu.yaml: 4 trials (lr {3e-3, 1e-6} x LoRA r
 {4, 8}), 1 Train worker each, 2 trials at a time, 2 epochs of 4 steps, ASHA on val_loss
 after epoch 1. The sweep starts as `python tune/sweep.py` in a subprocess (a second Ray
-driver on the same cluster), is killed with SIGKILL once Tune's snapshot records a
-finished trial, then resumes in this process. Then `medray train --config best.yaml` runs.
+driver on the same cluster) and gets Ctrl-C (SIGINT) once Tune's snapshot records a
+finished trial: it must exit 130, mark the cut-off trials `interrupted` in trials.csv and
+write no best.yaml. It then resumes in this process, and `medray train --config best.yaml`
+runs.
 
 Budget on 2 cores (measured, Ray 2.60): ~6.5 min (395 s; 475 s with other jobs on the
 machine): 5-6 Train runs (4 trials, one trial restarted if the kill cut it, best.yaml),
@@ -46,8 +48,9 @@ def _starts(trial_dir: Path) -> list[dict]:
     return [e for e in read_events(trial_dir) if e["event"] == "start"]
 
 
-def _start_and_kill(cmd: list[str], exp: Path, log_path: Path) -> dict[str, str]:
-    """Run the sweep until Tune's snapshot records a finished trial, then SIGKILL it."""
+def _start_and_interrupt(cmd: list[str], exp: Path, log_path: Path) -> tuple[dict, int]:
+    """Run the sweep until Tune's snapshot records a finished trial, then press Ctrl-C
+    (SIGINT); returns the finished trials and the exit status."""
     from medray.tune.sweep import snapshot_statuses
 
     with open(log_path, "w") as log:
@@ -64,10 +67,13 @@ def _start_and_kill(cmd: list[str], exp: Path, log_path: Path) -> dict[str, str]
             time.sleep(0.5)
         assert proc.poll() is None, log_path.read_text()[-3000:]
         assert finished, "no trial finished in time:\n" + log_path.read_text()[-3000:]
+        os.kill(proc.pid, signal.SIGINT)
+        code = proc.wait(timeout=180)
     finally:
-        os.killpg(proc.pid, signal.SIGKILL)  # no graceful Tune shutdown
-        proc.wait()
-    return finished
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return finished, code
 
 
 def _address() -> str:
@@ -98,23 +104,31 @@ def test_tiny_sweep_asha_kill_and_resume(ray_session, tiny_model, medqaro_prepar
     out = tmp_path / "sweep"
     exp = out / "sweep"
     t0 = time.monotonic()
-    finished = _start_and_kill(
+    finished, code = _start_and_interrupt(
         [sys.executable, str(ROOT / "tune/sweep.py"), "--config", str(config),
          "--space", str(TINY_SPACE), "--output", str(out)], exp, tmp_path / "first.log")
     killed_at = time.time()
     t_first = time.monotonic() - t0
+    first_log = (tmp_path / "first.log").read_text()
     before = snapshot_statuses(exp)
     assert len(before) < 4 or set(before.values()) != {"TERMINATED"}, before
+    # Ctrl-C: exit 130, the cut-off trials say so, no best.yaml from a partial sweep
+    assert code == 130, first_log[-3000:]
+    assert "interrupted" in first_log and "--resume" in first_log, first_log[-3000:]
+    partial = pd.read_csv(out / "trials.csv")
+    assert (partial["status"] == "interrupted").any(), partial[["trial_id", "status"]]
+    assert not (out / "best.yaml").exists()
+    assert len(first_log.splitlines()) <= 60, first_log
 
     logs: list[str] = []
     summary = run_sweep(load_plan(out), resume=True, log=logs.append)
     t_sweep = time.monotonic() - t0
     table = summary.trials
-    print(f"first run {t_first:.0f}s (killed after {sorted(finished)} finished), sweep total "
+    print(f"first run {t_first:.0f}s (Ctrl-C after {sorted(finished)} finished), sweep total "
           f"{t_sweep:.0f}s\n" + "\n".join(logs))
     print(table.drop(columns=["trial_dir"]).to_string())
 
-    # every grid point ran exactly once; trials finished before the kill were not rerun
+    # every grid point ran exactly once; trials finished before Ctrl-C were not rerun
     assert len(table) == 4 and table["trial_id"].is_unique
     assert sorted(zip(table["optim.lr"], table["lora.r"], strict=True)) == GRID
     for tid in finished:

@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-data_app = typer.Typer(help="Synthesise, prepare and inspect benchmark data.",
+data_app = typer.Typer(rich_markup_mode=None,
+                       help="Synthesise, prepare and inspect benchmark data.",
                        no_args_is_help=True)
 
 
@@ -162,7 +163,9 @@ def stats(
 @data_app.command()
 def prompt(
     directory: Annotated[Path, typer.Argument(help="prepared dataset directory")],
-    id: Annotated[str, typer.Option("--id", help="example id, e.g. test:12")],
+    id: Annotated[str, typer.Option(
+        "--id", help="example id as prepared: test:12 (MedQARo), test:rb-… (RoBiology), "
+        "IT0001 (EuropeMedQA); `medray data stats DIR --json` shows the splits")],
     format: Annotated[PromptFormat, typer.Option("--format", help="MedQARo prompt order")
                       ] = PromptFormat.qea,
     context_tokens: Annotated[int | None, typer.Option(

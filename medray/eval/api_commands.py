@@ -10,10 +10,9 @@ from typing import Any
 
 import typer
 
+from medray.console import fail
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+_fail = fail
 
 
 def _api_kwargs(engine: str, concurrency: int, rpm: float | None, max_retries: int,

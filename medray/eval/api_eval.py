@@ -19,7 +19,7 @@ from medray.data.prepared import PreparedData, load_prepared
 from medray.engines.accounting import PRICES_AS_OF, cost_usd, estimate_tokens
 from medray.engines.registry import parse_spec
 from medray.eval import runio
-from medray.eval.governance import check_external_use
+from medray.eval.governance import FLAG, GovernanceError, check_external_use
 from medray.eval.mcq_run import (
     MAX_TOKENS,
     letter_counts,
@@ -144,20 +144,31 @@ def run_external_eval(
     """
     spec = parse_spec(engine_spec)
     data = load_prepared(data_dir)
-    governance = check_external_use(data.dataset, spec, allow_external_api, base_url)
+    try:
+        governance = check_external_use(data.dataset, spec, allow_external_api, base_url)
+    except GovernanceError as err:
+        if not dry_run:  # a dry run sends nothing: it says the flag would be needed
+            raise
+        governance = {"flag_required": True, "would_refuse": str(err)}
     if data.kind == "generative" and not spec.external and engine is None:
-        raise ValueError(f"engine {spec}: generative MedQARo with a local engine needs the "
-                         "context trimming of `medray eval --config`; `--engine` sends whole "
-                         "epicrises (API baselines)")
+        raise ValueError(
+            f"engine {spec}: `medray eval --engine {spec.provider}:...` is for multiple-choice "
+            f"data (RoBiology, EuropeMedQA) and API baselines; {data.dataset} is generative. "
+            "Evaluate a local model on it with `medray eval --config EVAL.yaml` "
+            "(engine.kind: vllm or serve; see configs/eval-vllm.yaml), which trims each "
+            "epicrisis to the context budget as training did")
     items = _items(data, split, sample, seed)
     if dry_run:
-        return dry_run_report(str(spec), data, items, shots=shots, seed=seed)
+        report = dry_run_report(str(spec), data, items, shots=shots, seed=seed)
+        report["governance"] = governance
+        return report
     out = Path(output)
     settings = {"task": data.kind, "engine": str(spec), "base_url": base_url,
                 "dataset": data.dataset, "data": str(Path(data_dir).resolve()), "split": split,
                 "shots": shots, "sample": sample, "seed": seed,
                 "group_as_multiple": group_as_multiple, "governance": governance}
     runio.check_run(out, settings)
+    built = engine is None
     if engine is None:
         from medray.engines.registry import build_engine
 
@@ -194,6 +205,10 @@ def run_external_eval(
         calls={"asked_this_run": counts.get("asked"), "already_done": counts.get("already_done")},
     )
     runio.write_json_atomic(out / runio.METRICS, metrics)
+    if built and hasattr(engine, "close"):
+        # A local vLLM engine left to interpreter exit can abort in its messaging layer
+        # (exit 134 after the results were written): stop it while the process is whole.
+        engine.close()
     return metrics
 
 
@@ -205,7 +220,10 @@ def summary_lines(m: dict) -> list[str]:
         return [f"dry run: {m['engine']} on {m['dataset']}: {m['n_items']} items, "
                 f"{m['n_images']} images; estimated input tokens {e['input_tokens']}, "
                 f"output tokens at most {e['output_tokens_max']}, cost at most "
-                f"{e['cost_usd_max']} USD ({e['how']})"]
+                f"{e['cost_usd_max']} USD ({e['how']})"
+                + ("; a real run would need " + FLAG + " (clinical data to an external "
+                   "provider); nothing was sent" if (m.get("governance") or {}).get(
+                       "would_refuse") else "")]
     model = f" (model {m['model']})" if m.get("model") and m["model"] not in m["engine"] else ""
     head = (f"{m['engine']}{model} on {m['dataset']} split {m['split']}, n={m['n']}"
             + (f" (seeded sample {m['sample']['n']} of {m['sample']['of']}, seed "

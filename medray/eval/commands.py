@@ -10,14 +10,13 @@ from typing import Annotated
 import typer
 
 from medray.choices import BaselineKind, GroupMapping, MetricMode
+from medray.console import fail
 
 GEN_METRICS = ("f1", "em", "bleu", "meteor", "sacrebleu_bleu", "chrf")
 MCQ_METRICS = ("accuracy", "partial_credit", "accuracy_nonconforming_wrong", "conforming_rate")
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
+_fail = fail
 
 
 def _fmt(m: dict) -> str:
@@ -34,8 +33,10 @@ def _print_human(result: dict) -> None:
     mcq = result["kind"] == "mcq"
     names = MCQ_METRICS if mcq else GEN_METRICS
     how = result["how"]
-    header = (f"mode={result['mode']} dataset={result.get('dataset')} "
-              f"split(s)={','.join(result.get('splits') or ['?'])} n={result['n']} "
+    source = (f"dataset={result['dataset']} split(s)={','.join(result['splits'])}"
+              if result.get("dataset") and result.get("splits")
+              else f"references={result.get('references') or 'given file'}")
+    header = (f"mode={result['mode']} {source} n={result['n']} "
               f"CI: {how['ci']['method']}, {how['ci']['resamples']} resamples over "
               f"{how['ci']['unit']}s, seed {how['ci']['seed']}; fractions in [0, 1]")
     if not mcq:

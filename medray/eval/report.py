@@ -75,27 +75,46 @@ def rows_from_runs(runs: Sequence[Path], mode: str = "medqaro") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _cell(v: object) -> str:
+COUNT_COLUMNS = ("n", "context_tokens")
+
+
+def _cell(v: object, column: str = "") -> str:
     if v is None or (isinstance(v, float) and pd.isna(v)):
         return "–"
+    if column in COUNT_COLUMNS and isinstance(v, int | float):
+        return str(int(v))
     if isinstance(v, float):
         return f"{v:.4f}"
     return str(v)
 
 
+def with_cis(df: pd.DataFrame) -> pd.DataFrame:
+    """Metric columns as 'mean [lo, hi]' (95% CI) where the run recorded a CI."""
+    out = df.drop(columns=[c for c in df if c.endswith(("_lo", "_hi"))])
+    for name in (*GEN, *MCQ):
+        if name in out and f"{name}_lo" in df:
+            out[name] = [
+                _cell(m) if pd.isna(lo) or pd.isna(hi) else f"{m:.4f} [{lo:.4f}, {hi:.4f}]"
+                for m, lo, hi in zip(df[name], df[f"{name}_lo"], df[f"{name}_hi"], strict=True)]
+    return out
+
+
 def to_markdown(df: pd.DataFrame) -> str:
     cols = list(df.columns)
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in df.itertuples(False)]
+    lines += ["| " + " | ".join(_cell(v, c) for v, c in zip(row, cols, strict=True)) + " |"
+              for row in df.itertuples(False)]
     return "\n".join(lines) + "\n"
 
 
 def main_table(rows: pd.DataFrame) -> pd.DataFrame:
-    """Overall rows only, shaped like the papers: model x fine-tuned x context tokens."""
+    """Overall rows only, shaped like the papers: model x fine-tuned x context tokens, each
+    metric with its 95% CI bounds (`<metric>_lo`, `<metric>_hi`)."""
     overall = rows[rows.get("question_type", pd.Series(index=rows.index)).isna()].copy()
     metric_cols = [c for c in (*GEN, *MCQ) if c in overall and overall[c].notna().any()]
+    bounds = [b for c in metric_cols for b in (f"{c}_lo", f"{c}_hi") if b in overall]
     cols = ["model", "fine_tuned", "context_tokens", "prompt_format", "strategy", "split",
-            "domain", "n", *metric_cols]
+            "domain", "n", *metric_cols, *bounds]
     sort = ["split", "model", "fine_tuned", "context_tokens"]
     return overall[cols].sort_values(sort, kind="stable").reset_index(drop=True)
 
@@ -163,8 +182,9 @@ def _write_tables(rows: pd.DataFrame, out: Path, mode: str) -> list[Path]:
     table = main_table(rows)
     files = []
     md = out / "results.md"
-    md.write_text(f"# Results ({mode} metric mode; fractions, per-example mean)\n\n"
-                  + to_markdown(table) + "\n## Per question type\n\n"
+    md.write_text(f"# Results ({mode} metric mode; fractions, per-example mean "
+                  "[95% bootstrap CI])\n\n"
+                  + to_markdown(with_cis(table)) + "\n## Per question type\n\n"
                   + (to_markdown(rows[rows["question_type"].notna()][
                       ["run", "question_type", "n", *[c for c in GEN if c in rows]]])
                      if "question_type" in rows else "none\n"))

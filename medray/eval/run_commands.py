@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 import time
 from pathlib import Path
@@ -12,17 +11,16 @@ from typing import Annotated, Any
 import typer
 
 from medray.choices import MetricMode
+from medray.console import command_console, fail
+
+_fail = fail
 
 
-def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def _init_ray(address: str | None, num_cpus: int | None) -> None:
+def _init_ray(address: str | None, num_cpus: int | None,
+              log_to_driver: bool | None = None) -> None:
     from medray.raycluster import connect
 
-    connect(address, num_cpus=num_cpus, log_to_driver=False)
+    connect(address, num_cpus=num_cpus, log_to_driver=log_to_driver)
 
 
 def serve_cmd(
@@ -40,7 +38,7 @@ def serve_cmd(
         spec = load_serve_file(config)
     except (OSError, ValueError, ValidationError) as err:
         _fail(f"{config}: {err}")
-    _init_ray(address, num_cpus)
+    _init_ray(address, num_cpus, log_to_driver=False)
     from ray import serve
 
     from medray.serve_app import build_app
@@ -72,6 +70,9 @@ def eval_cmd(
         help="Ray address (default: local)", rich_help_panel=_CFG)] = None,
     num_cpus: Annotated[int | None, typer.Option(
         help="logical CPUs of a local Ray", rich_help_panel=_CFG)] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="show Ray/vLLM logs here (default: OUTPUT/logs/)",
+        rich_help_panel=_CFG)] = False,
     engine: Annotated[str | None, typer.Option(
         help="openai:MODEL | anthropic:MODEL (also hf:PATH, vllm:PATH, serve:URL)",
         rich_help_panel=_ENG)] = None,
@@ -154,17 +155,33 @@ def eval_cmd(
         _fail(str(err))
     if not (cfg.data / "manifest.json").is_file():
         _fail(f"{config}: data {cfg.data} is not a prepared dataset (no manifest.json)")
-    from medray.fsutil import OutputRefused, check_output
+    from medray.fsutil import OutputRefused, claim_directory
 
-    try:
-        check_output(output, [cfg.data])
+    try:  # claimed before the console writes OUTPUT/logs into it
+        claim_directory(output, inputs=[cfg.data], command="eval")
     except OutputRefused as err:
         _fail(str(err))
-    _init_ray(address, num_cpus)
+    with command_console("eval", output / "logs", verbose=verbose) as display:
+        summary = _run_actors(cfg, output, display, address, num_cpus)
+    _print_summary(summary, output)
+
+
+def _run_actors(cfg: Any, output: Path, display: Any, address: str | None,
+                num_cpus: int | None) -> dict:
+    """Evaluation actors under the console: a bar of answered items, then scoring."""
     from medray.eval.runner import run_eval
 
-    summary = run_eval(cfg, output)
-    _print_summary(summary, output)
+    with display.stage(f"evaluate {cfg.split} ({cfg.engine.kind} {cfg.engine.label})"):
+        _init_ray(address, num_cpus)
+        with display.progress() as bars:
+            task = bars.add_task("items", total=None, info="")
+
+            def planned(stats: dict) -> None:
+                bars.update(task, total=stats["selected"], completed=stats["resumed"],
+                            info=f"{stats['resumed']} resumed" if stats["resumed"] else "")
+
+            return run_eval(cfg, output, on_prediction=lambda row: bars.advance(task),
+                            on_plan=planned)
 
 
 def _given(ctx: typer.Context | None, values: dict[str, Any]) -> dict[str, str]:
@@ -221,4 +238,5 @@ def report_cmd(
         files = write_report(runs, out, mode=str(mode), force=force)
     except (ReportError, OutputRefused) as err:
         _fail(str(err))
-    typer.echo(json.dumps([str(f) for f in files]))
+    typer.echo((out / "results.md").read_text().split("\n## ")[0].rstrip())
+    typer.echo("\nwritten: " + ", ".join(str(f) for f in files))

@@ -96,8 +96,10 @@ def worker_class(cfg: EvalConfig, max_concurrency: int) -> Any:
 
 
 def predict_all(cfg: EvalConfig, out: Path,
-                on_prediction: Callable[[dict], None] | None = None) -> dict[str, int]:
-    """Send pending items through `cfg.actors` actors with <= `cfg.max_in_flight` in flight."""
+                on_prediction: Callable[[dict], None] | None = None,
+                on_plan: Callable[[dict], None] | None = None) -> dict[str, int]:
+    """Send pending items through `cfg.actors` actors with <= `cfg.max_in_flight` in flight.
+    `on_plan(stats)` hears the item counts before the first request (a progress bar)."""
     import ray
 
     out.mkdir(parents=True, exist_ok=True)
@@ -106,10 +108,14 @@ def predict_all(cfg: EvalConfig, out: Path,
     pending, selected = _pending_rows(cfg, done)
     stats = {"selected": len(selected), "resumed": len(done & set(selected)),
              "requested": 0, "written": 0}
+    if on_plan is not None:
+        on_plan(stats)
     if not pending:
         return stats
     n_actors = min(cfg.actors, len(pending))
-    per_actor = max(1, -(-cfg.max_in_flight // n_actors))
+    # vLLM's offline engine is not thread-safe: two threads in one actor calling it at once
+    # abort the process, so an in-process vLLM actor takes one request at a time.
+    per_actor = 1 if cfg.engine.kind == "vllm" else max(1, -(-cfg.max_in_flight // n_actors))
     worker_cls = worker_class(cfg, per_actor)
     config = cfg.model_dump(mode="json")
     # The API key is read here and handed to the actors, never written to config.json.
@@ -181,11 +187,12 @@ def score_run(cfg: EvalConfig, out: Path) -> dict[str, Any]:
 
 
 def run_eval(cfg: EvalConfig, out: str | os.PathLike,
-             on_prediction: Callable[[dict], None] | None = None) -> dict[str, Any]:
+             on_prediction: Callable[[dict], None] | None = None,
+             on_plan: Callable[[dict], None] | None = None) -> dict[str, Any]:
     out = Path(out)
     claim_directory(out, inputs=[cfg.data], command="eval")
     write_json_atomic(out / "config.json", cfg.model_dump(mode="json"))
-    stats = predict_all(cfg, out, on_prediction)
+    stats = predict_all(cfg, out, on_prediction, on_plan)
     metrics = score_run(cfg, out)
     summary = {
         "run": {"dataset": json.loads((Path(cfg.data) / "manifest.json").read_text())["dataset"],

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
-import sys
 from enum import StrEnum
 from pathlib import Path
 
 import typer
 
-model_app = typer.Typer(help="Base models: build the tiny offline CPU model.",
+from medray.console import command_console, fail, terminal
+
+model_app = typer.Typer(rich_markup_mode=None,
+                        help="Base models: build the tiny offline CPU model.",
                         no_args_is_help=True)
 
 
@@ -20,8 +22,7 @@ class DType(StrEnum):
 
 
 def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    raise typer.Exit(2)
+    fail(msg)
 
 
 @model_app.command("tiny")
@@ -57,6 +58,8 @@ def train(
     overrides: list[str] = typer.Argument(None, help="dotted key=value overrides"),
     force: bool = typer.Option(False, "--force", help="write into --output even if it is a "
                                "non-empty folder medray did not create"),
+    verbose: bool = typer.Option(False, "--verbose",
+                                 help="show Ray/DeepSpeed logs here (default: OUTPUT/logs/)"),
 ) -> None:
     """Fine-tune with LoRA on Ray Train (DeepSpeed ZeRO); writes OUTPUT/adapter, metrics.json."""
     from medray.models import LoraTargetError
@@ -76,21 +79,25 @@ def train(
                      force)
     except OutputRefused as exc:
         _fail(str(exc))
-    try:
-        metrics = run_training(cfg, output)
-    except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError) as exc:
-        _fail(str(exc))
+    with command_console("train", output / "logs", verbose=verbose) as display:
+        try:
+            with display.stage("train"):
+                metrics = run_training(cfg, output, log=display.print, display=display)
+        except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError) as exc:
+            _fail(str(exc))
+    out = terminal()
     initial = (metrics.get("initial") or {}).get("val_loss")
-    for rec in metrics["epochs"]:
-        print(f"epoch {rec['epoch']}: train_loss {rec['train_loss']:.4f} "
-              f"val_loss {rec['val_loss']:.4f} val_f1 {rec.get('val_f1', float('nan')):.4f} "
-              f"val_em {rec.get('val_em', float('nan')):.4f} "
-              f"tokens/s {rec['tokens_per_s']:.0f}")
     if initial is not None:
-        print(f"val_loss before training {initial:.4f}")
-    print(f"({metrics['how']})")
-    print(f"adapter: {metrics['adapter']}\nmetrics: {output / 'metrics.json'}\n"
-          f"tensorboard: tensorboard --logdir {output / 'tensorboard'}")
+        out.print(f"val_loss before training {initial:.4f}", markup=False)
+    for rec in metrics["epochs"]:
+        out.print(f"epoch {rec['epoch']}: train_loss {rec['train_loss']:.4f} "
+                  f"val_loss {rec['val_loss']:.4f} val_f1 {rec.get('val_f1', float('nan')):.4f} "
+                  f"val_em {rec.get('val_em', float('nan')):.4f} "
+                  f"tokens/s {rec['tokens_per_s']:.0f}", markup=False)
+    out.print(f"({metrics['how']})", markup=False)
+    out.print(f"adapter: {metrics['adapter']}\nmetrics: {output / 'metrics.json'}\n"
+              f"logs: {output / 'logs'}\n"
+              f"tensorboard: tensorboard --logdir {output / 'tensorboard'}", markup=False)
 
 
 def export(
@@ -122,7 +129,12 @@ def export(
 
 
 def _latest_checkpoint(run_dir: Path) -> Path:
-    found = sorted((run_dir / "ray").glob("*/checkpoint_*"), key=lambda p: p.stat().st_mtime)
+    """The newest checkpoint folder (Ray names them checkpoint_<timestamp>, so the name
+    sorts by time; the checkpoint_manager_snapshot.json beside them is no checkpoint)."""
+    from medray.train.checkpoints import STATE
+
+    found = [p for p in (run_dir / "ray").glob("*/checkpoint_*")
+             if p.is_dir() and (p / STATE).is_file()]
     if not found:
         raise FileNotFoundError(f"{run_dir}: no checkpoints under {run_dir / 'ray'}")
-    return found[-1]
+    return max(found, key=lambda p: p.name)

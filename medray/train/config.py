@@ -168,7 +168,16 @@ def format_errors(exc: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
+# Keys a shipped config leaves empty on purpose: they name this machine's files.
+REQUIRED_PATHS = {("model", "name_or_path"): "PATH (a model folder or hub id)",
+                  ("data", "path"): "DIR (a `medray data prepare` output)"}
+
+
 def validate_config(raw: dict, source: str = "<config>") -> TrainConfig:
+    for (section, key), what in REQUIRED_PATHS.items():
+        if (raw.get(section) or {}).get(key) in (None, ""):
+            raise ConfigError(f"{source}: {section}.{key} is not set: pass "
+                              f"{section}.{key}={what} after the command's options")
     try:
         return TrainConfig.model_validate(raw)
     except ValidationError as exc:

@@ -41,10 +41,15 @@ class _NoBar:
     def close(self) -> None: ...
 
 
-def _progress(total: int, initial: int, rank: int) -> Any:
-    """Rank 0's bar, drawn on the driver's console by Ray's tqdm_ray (loss, lr, tokens/s)."""
+def _progress(total: int, initial: int, rank: int, board: str | None) -> Any:
+    """Rank 0's bar: posted to the driver's progress board (medray.train.progress) when the
+    driver draws one, else Ray's tqdm_ray (shown when worker logs reach the driver)."""
     if rank != 0:
         return _NoBar()
+    if board:
+        from medray.train.progress import WorkerProgress
+
+        return WorkerProgress(board, total, initial)
     from ray.experimental.tqdm_ray import tqdm
 
     bar = tqdm(total=total, desc="train", unit="step")
@@ -209,7 +214,7 @@ def train_loop_per_worker(config: dict) -> None:
             state = load_state(d)
         state["resumed_from"] = engine.global_steps
     writer = _tensorboard(plan.get("tensorboard_dir"), rank)
-    bar = _progress(total_steps, engine.global_steps, rank)
+    bar = _progress(total_steps, engine.global_steps, rank, plan.get("progress_board"))
 
     _log(rank, f"worker ready on {device}: {time.perf_counter() - t_start:.1f}s "
                "(model, LoRA, DeepSpeed)")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from medray.train.config import TrainConfig, apply_overrides, load_config, validate_config
+from medray.train.config import TrainConfig, load_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -13,10 +13,8 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 def tiny_config(model: str | os.PathLike, data: str | os.PathLike,
                 overrides: list[str] | None = None) -> TrainConfig:
     """configs/tiny-cpu.yaml with the model and data paths filled in, plus overrides."""
-    base = load_config(CONFIGS / "tiny-cpu.yaml").model_dump(mode="json")
-    base["model"]["name_or_path"] = str(model)
-    base["data"]["path"] = str(data)
-    return validate_config(apply_overrides(base, list(overrides or [])), "tiny-cpu.yaml")
+    return load_config(CONFIGS / "tiny-cpu.yaml", [f"model.name_or_path={model}",
+                                                   f"data.path={data}", *(overrides or [])])
 
 
 def run_tiny_training(model: str | os.PathLike, data: str | os.PathLike,

@@ -16,6 +16,7 @@ import math
 import os
 import shutil
 from collections.abc import Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -198,14 +199,16 @@ def resolve_cache_dir(cfg: TrainConfig, output: Path) -> str:
 
 
 def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print,
-                 callbacks: Sequence[Any] = ()) -> dict:
+                 callbacks: Sequence[Any] = (), display: Any = None) -> dict:
     """`medray train`. `callbacks`: extra Ray Train callbacks on the TorchTrainer's RunConfig
-    (a Tune sweep passes its TuneReportCallback here, medray.tune.trial)."""
+    (a Tune sweep passes its TuneReportCallback here, medray.tune.trial). `display`: a
+    medray.console.Display to draw the training progress bar on."""
     import ray
 
     from medray.raycluster import connect
     from medray.tokenize import context_table, tokenize_contexts
     from medray.train.checkpoints import export_adapter, load_state
+    from medray.train.progress import TrainingBoard
 
     output = Path(output)
     resolve_cache_dir(cfg, output)
@@ -226,9 +229,12 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     plan["val_generate"] = _val_generate_items(cfg, plan, contexts)
     plan["tensorboard_dir"] = str((output / "tensorboard").resolve())
     contexts_ref = ray.put(contexts)
+    board = TrainingBoard() if display is not None else None
+    plan["progress_board"] = board.name if board else None
     trainer = build_trainer(cfg, output, plan, contexts_ref,
                             _datasets(cfg, plan, contexts, contexts_ref), callbacks)
-    result = trainer.fit()
+    with board.shown(display) if board else nullcontext():
+        result = trainer.fit()
     if result.error:
         raise result.error
 
@@ -261,7 +267,8 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
         "how": MEDQARO_METRIC_NOTE + "; tokens_per_s: non-padding tokens of all workers / "
                "epoch wall time (forward+backward+step, excludes validation)",
         "plan": {k: v for k, v in plan.items()
-                 if k not in ("val_generate", "train_ids", "val_ids", "val_gen_ids")},
+                 if k not in ("val_generate", "train_ids", "val_ids", "val_gen_ids",
+                              "progress_board")},
         "config": cfg.model_dump(mode="json"),
     }
     from medray.fsutil import write_json_atomic

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from medray.choices import OptMode, SearchAlg, SweepMetric
+from medray.console import command_console, fail, terminal
 
-
-def _fail(msg: str) -> None:
-    print(f"error: {msg}", file=sys.stderr)
-    raise typer.Exit(2)
+_fail = fail
 
 
 def tune(
@@ -30,17 +28,23 @@ def tune(
     overrides: list[str] = typer.Argument(None, help="dotted key=value training overrides"),
     force: bool = typer.Option(False, "--force", help="write into --output even if it is a "
                                "non-empty folder medray did not create"),
+    best_if_partial: bool = typer.Option(False, "--best-if-partial",
+                                         help="write best.yaml even when the sweep was "
+                                              "interrupted (the best trial so far)"),
+    verbose: bool = typer.Option(False, "--verbose",
+                                 help="show Ray Tune/Train logs here (default: OUTPUT/logs/)"),
 ) -> None:
     """Sweep hyperparameters with Ray Tune (ASHA; grid, random or Optuna search).
 
     Writes OUTPUT/trials.csv, OUTPUT/best.yaml (a config `medray train` runs as is),
     OUTPUT/val_f1_vs_hparams.png and TensorBoard files (tensorboard --logdir OUTPUT).
+    Ctrl-C stops the sweep, keeps what finished and exits 130; --resume continues it.
     """
     from medray.fsutil import OutputRefused, claim_directory
     from medray.train.config import ConfigError
     from medray.tune.outputs import SweepFailed
     from medray.tune.space import SpaceError
-    from medray.tune.sweep import load_plan, plan_sweep, run_sweep
+    from medray.tune.sweep import load_plan, plan_sweep
 
     try:
         if resume:
@@ -61,16 +65,35 @@ def tune(
                             force=force, command="tune")
         if max_concurrent_trials:
             plan.max_concurrent_trials = max_concurrent_trials
-        run_sweep(plan, resume=resume)
     except (ConfigError, SpaceError, FileNotFoundError, FileExistsError, OutputRefused) as exc:
         _fail(str(exc))
-    except SweepFailed as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        raise typer.Exit(1) from None
+    with command_console("tune", output / "logs", verbose=verbose) as display:
+        try:
+            summary = _run(plan, display, resume=resume, best_if_partial=best_if_partial)
+        except (ConfigError, SpaceError, FileNotFoundError, FileExistsError) as exc:
+            _fail(str(exc))
+        except SweepFailed as exc:
+            fail(str(exc), code=1)
+    if summary.interrupted:
+        terminal().print(f"interrupted: finished trials are kept; continue with "
+                         f"`medray tune --output {output} --resume`", markup=False)
+        raise typer.Exit(130)
+
+
+def _run(plan: Any, display: Any, *, resume: bool, best_if_partial: bool) -> Any:
+    """The sweep under the console: a bar of finished trials (new sweeps), then the summary."""
+    from medray.tune.progress import TrialProgress
+    from medray.tune.sweep import run_sweep
+
+    total = plan.num_samples * (plan.space.grid_size() if plan.search == "grid" else 1)
+    with display.stage("sweep"), display.progress() as bars:
+        callbacks = [] if resume else [TrialProgress(bars, total, plan.metric, plan.mode)]
+        return run_sweep(plan, resume=resume, log=display.print,
+                         best_if_partial=best_if_partial, callbacks=callbacks)
 
 
 def main(argv: list[str] | None = None) -> None:
     """`tune/sweep.py` and `jobs/sweep.py`: the `medray tune` command on its own (exits)."""
-    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app = typer.Typer(rich_markup_mode=None, add_completion=False, pretty_exceptions_enable=False)
     app.command()(tune)
     app(args=argv, prog_name="sweep.py")

@@ -33,6 +33,7 @@ class Summary:
     trials: pd.DataFrame
     best_trial: str | None
     files: dict[str, Path]
+    interrupted: bool = False
 
 
 def _atomic_write(path: Path, write: Any) -> Path:
@@ -73,7 +74,10 @@ def _epoch_rows(df: pd.DataFrame | None) -> pd.DataFrame:
     return df
 
 
-def trial_row(result: Any, params: list[str], metric: str, mode: str) -> dict:
+def trial_row(result: Any, params: list[str], metric: str, mode: str,
+              tune_status: str | None = None) -> dict:
+    """One trials.csv row. `tune_status` (Tune's own, from its experiment snapshot) tells an
+    ASHA stop (TERMINATED) from a trial the sweep's interruption cut off (RUNNING, PENDING)."""
     from medray.tune.sweep import read_events
 
     path = Path(result.path)
@@ -85,8 +89,10 @@ def trial_row(result: Any, params: list[str], metric: str, mode: str) -> dict:
         status = "error"
     elif finished:
         status = "completed"
-    else:
+    elif tune_status in (None, "TERMINATED"):
         status = "stopped_early"
+    else:
+        status = "interrupted"
     row: dict[str, Any] = {"trial_id": trial_id, "status": status,
                            "stopped_early": status == "stopped_early"}
     for p in params:
@@ -108,8 +114,11 @@ def trial_row(result: Any, params: list[str], metric: str, mode: str) -> dict:
     return row
 
 
-def trials_table(results: Any, params: list[str], metric: str, mode: str) -> pd.DataFrame:
-    rows = [trial_row(r, params, metric, mode) for r in results]
+def trials_table(results: Any, params: list[str], metric: str, mode: str,
+                 statuses: dict[str, str] | None = None) -> pd.DataFrame:
+    statuses = statuses or {}
+    rows = [trial_row(r, params, metric, mode,
+                      statuses.get(Path(r.path).name.removeprefix("trial_"))) for r in results]
     return pd.DataFrame(rows).sort_values("trial_id", kind="stable").reset_index(drop=True)
 
 
@@ -187,10 +196,15 @@ def plot_metric_vs_params(path: Path, table: pd.DataFrame, space: Any, metric: s
         plt.close(fig)
 
 
-def write_outputs(plan: Any, results: Any, *, log: Any = print) -> Summary:
+def write_outputs(plan: Any, results: Any, *, log: Any = print,
+                  statuses: dict[str, str] | None = None, best_if_partial: bool = False
+                  ) -> Summary:
+    """trials.csv, the plot, best.yaml. A sweep cut off by Ctrl-C (trials `interrupted`)
+    gets no best.yaml unless `best_if_partial`: its best is only the best so far."""
     out = Path(plan.output)
     params = list(plan.space.params)
-    table = trials_table(results, params, plan.metric, plan.mode)
+    table = trials_table(results, params, plan.metric, plan.mode, statuses)
+    partial = bool((table["status"] == "interrupted").any()) if len(table) else False
     files = {"trials": _atomic_write(out / TRIALS_CSV,
                                      lambda tmp: table.to_csv(tmp, index=False))}
     if len(table) and (table["status"] == "error").all():
@@ -204,6 +218,8 @@ def write_outputs(plan: Any, results: Any, *, log: Any = print) -> Summary:
     else:
         log("no trial reported a validation metric; no plot written")
     best = pick_best(table, plan.metric, plan.mode)
+    if partial and not best_if_partial:
+        best = None
     if best is not None:
         files["best"] = write_best_yaml(out / BEST_YAML, plan, best, results, len(table))
     counts = table["status"].value_counts().to_dict()
@@ -212,10 +228,13 @@ def write_outputs(plan: Any, results: Any, *, log: Any = print) -> Summary:
         log(f"best trial {best['trial_id']}: best {plan.metric} "
             f"{best[f'best_{plan.metric}']:.4f} ({plan.mode}; epoch-end validation reports; "
             f"{HOW}); " + ", ".join(f"{p}={best[p]}" for p in params))
+    elif partial:
+        log("the sweep was interrupted: no best.yaml written (resume it with --resume, or "
+            "pass --best-if-partial for the best trial so far)")
     else:
         log("no trial reported the metric; no best.yaml written")
     for name, path in files.items():
         log(f"{name}: {path}")
     log(f"tensorboard: tensorboard --logdir {out}")
     return Summary(trials=table, best_trial=None if best is None else str(best["trial_id"]),
-                   files=files)
+                   files=files, interrupted=partial)

@@ -305,8 +305,10 @@ def preflight_sweep(plan: SweepPlan, log: Any = print) -> None:
     log(f"preflight ok: base config and {len(seen) - 1} distinct extreme config(s) of the space")
 
 
-def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print) -> Any:
-    """Run (or resume) the sweep and write the outputs; returns medray.tune.outputs.Summary."""
+def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print,
+              best_if_partial: bool = False, callbacks: list | None = None) -> Any:
+    """Run (or resume) the sweep and write the outputs; returns medray.tune.outputs.Summary.
+    `callbacks`: extra Tune callbacks on the driver (the console's trial progress)."""
     from ray import tune
 
     from medray.raycluster import connect
@@ -350,7 +352,11 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print) -> Any
                 search_alg=make_search_alg(plan, concurrency), scheduler=make_scheduler(plan),
                 max_concurrent_trials=concurrency, trial_dirname_creator=trial_dirname),
             run_config=tune.RunConfig(name=EXPERIMENT, storage_path=str(plan.output.resolve()),
-                                      failure_config=tune.FailureConfig(max_failures=0)),
+                                      failure_config=tune.FailureConfig(max_failures=0),
+                                      callbacks=callbacks or None),
         )
     results = tuner.fit()
-    return write_outputs(plan, results, log=log)
+    # Ctrl-C: Tune stops gracefully and returns; its snapshot still says which trials were
+    # cut off (RUNNING / PENDING), which is what tells "interrupted" from an ASHA stop.
+    return write_outputs(plan, results, log=log, statuses=snapshot_statuses(exp),
+                         best_if_partial=best_if_partial)

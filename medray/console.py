@@ -1,0 +1,198 @@
+"""What a long command shows a person: its own stages, progress and results.
+
+`command_console(name, log_dir)` sends every other line a process writes (Ray, vLLM,
+DeepSpeed, transformers, warnings, C++ logs on the file descriptors) to
+`log_dir/<name>.log`, and gives the command a `Display` that still reaches the terminal.
+Ray is joined with `log_to_driver=False` in that mode (`quiet()` says so), so worker
+output stays in the Ray session's own log folder, which is linked as `log_dir/ray`.
+
+On failure the display prints the stage that failed, the cause and the last log lines,
+then exits: 1 for an unexpected error (traceback in the log file), 130 for Ctrl-C.
+`verbose=True` leaves the console untouched: raw logs interleave as they always did.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Any
+
+import typer
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+_TERMINAL: Console | None = None  # set while a quiet command runs
+TAIL_LINES = 15
+
+
+def quiet() -> bool:
+    """True inside a quiet `command_console`: Ray should not forward worker logs."""
+    return _TERMINAL is not None
+
+
+def terminal() -> Console:
+    """The console that reaches the person, quiet or not."""
+    return _TERMINAL or Console(highlight=False, soft_wrap=True)
+
+
+def fail(message: str, code: int = 2) -> None:
+    """The one way a command reports a usage or input error: `error: ...`, exit `code`."""
+    out = _TERMINAL or Console(stderr=True, highlight=False, soft_wrap=True)
+    out.print(f"error: {message}", markup=False)
+    raise typer.Exit(code)
+
+
+class Display:
+    """Stages with their times, progress bars, and plain result lines."""
+
+    def __init__(self, console: Console, log_path: Path | None) -> None:
+        self.console = console
+        self.log_path = log_path
+        self.current: str | None = None
+        self.timings: dict[str, float] = {}
+
+    def print(self, message: str) -> None:
+        self.console.print(message, markup=False, highlight=False)
+
+    @contextmanager
+    def stage(self, title: str) -> Iterator[None]:
+        self.current, start = title, time.monotonic()
+        yield
+        self.timings[title] = time.monotonic() - start
+        self.console.print(f"[green]✓[/green] {title} [dim]({self.timings[title]:.0f} s)[/dim]")
+        self.current = None
+
+    def progress(self) -> Progress:
+        """A rich progress display on the terminal; use as a context manager."""
+        return Progress(TextColumn("  {task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                        console=self.console, transient=False)
+
+
+def _tail(path: Path, n: int = TAIL_LINES) -> list[str]:
+    try:
+        lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return []
+    return [ln for ln in lines if ln.strip()][-n:]
+
+
+def _undo(made: list[Path], log_path: Path) -> None:
+    """Remove the log and the folders this command created for it, if nothing else is there."""
+    log_path.unlink(missing_ok=True)
+    for folder in made:  # innermost first
+        try:
+            folder.rmdir()
+        except OSError:  # not empty: something else was written there
+            return
+
+
+@contextmanager
+def _redirect_fds(log: IO[str]) -> Iterator[Console]:
+    """fds 1 and 2 and sys.stdout/err into `log`; yields a console on the old stdout."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    py_out, py_err = sys.stdout, sys.stderr
+    try:
+        on_fd1 = sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # a test harness's stream (CliRunner)
+        on_fd1 = False
+    # The person's terminal is what fd 1 was; a harness's own stream stays as it is.
+    term = (open(os.dup(saved_out), "w", buffering=1, encoding="utf-8",  # noqa: SIM115
+                 errors="replace") if on_fd1 else py_out)
+    try:
+        os.dup2(log.fileno(), 1)
+        os.dup2(log.fileno(), 2)
+        sys.stdout = sys.stderr = log
+        yield Console(file=term, highlight=False, soft_wrap=True,
+                      force_terminal=True if on_fd1 and term.isatty() else None)
+    finally:
+        log.flush()
+        sys.stdout, sys.stderr = py_out, py_err
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        os.close(saved_out)
+        os.close(saved_err)
+        if on_fd1:
+            term.close()
+
+
+def link_ray_logs(log_dir: Path) -> None:
+    """`log_dir/ray` -> this Ray session's log folder (worker output lives there)."""
+    try:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
+    except Exception:  # a client connection or no local node: the dashboard has the logs
+        return
+    link = log_dir / "ray"
+    if log_dir.is_dir() and not link.is_symlink() and (session / "logs").is_dir():
+        link.symlink_to(session / "logs", target_is_directory=True)
+
+
+@contextmanager
+def command_console(name: str, log_dir: Path, *, verbose: bool = False) -> Iterator[Display]:
+    """Run a command with a clean console (see the module docstring)."""
+    global _TERMINAL
+    if verbose:
+        display = Display(Console(highlight=False, soft_wrap=True), None)
+        yield display
+        return
+    made = [d for d in (log_dir, *log_dir.parents) if not d.exists()]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{name}.log"
+    with open(log_path, "a", buffering=1, encoding="utf-8", errors="replace") as log:
+        log.write(f"\n===== medray {name} {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
+        failure: BaseException | None = None
+        with _redirect_fds(log) as console:
+            _TERMINAL = console
+            display = Display(console, log_path)
+            try:
+                yield display
+            except (typer.Exit, typer.Abort, SystemExit) as exc:
+                if getattr(exc, "exit_code", getattr(exc, "code", 1)) == 2 and made:
+                    _undo(made, log_path)  # bad input: leave nothing behind, as before
+                raise
+            except KeyboardInterrupt as exc:
+                failure = exc
+            except Exception as exc:  # noqa: BLE001 - reported below, traceback in the log
+                traceback.print_exc(file=log)
+                failure = exc
+            finally:
+                link_ray_logs(log_dir)
+                _TERMINAL = None
+    if failure is None:
+        return
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    where = f" during '{display.current}'" if display.current else ""
+    if isinstance(failure, KeyboardInterrupt):
+        err.print(f"interrupted (Ctrl-C){where}; what was saved is kept. Log: {log_path}",
+                  markup=False)
+        raise typer.Exit(130)
+    err.print(f"error{where}: {type(failure).__name__}: {failure}", markup=False)
+    tail = _tail(log_path)
+    if tail:
+        err.print("last log lines:", markup=False)
+        for line in tail:
+            err.print(f"  {line}", markup=False)
+    err.print(f"full log: {log_path}", markup=False)
+    raise typer.Exit(1)
+
+
+def ray_quiet_settings() -> dict[str, Any]:
+    """ray.init keyword arguments that match the console mode."""
+    return {"log_to_driver": not quiet()}

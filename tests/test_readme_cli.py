@@ -1,0 +1,105 @@
+"""The README's command reference and the CLI agree, both ways: every command and option the
+README shows exists, every command the CLI has is shown, and the example configs it names
+load with their own validators. (No Ray: this reads help metadata and YAML only.)"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer.main
+import yaml
+
+from medray.cli import app
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
+
+
+def _reference_block() -> str:
+    section = README.split("## Command line", 1)[1]
+    return section.split("```bash", 1)[1].split("```", 1)[0]
+
+
+def _commands(block: str) -> list[str]:
+    """One string per `medray ...` command, continuation lines (trailing \\) joined."""
+    out, current = [], ""
+    for line in block.splitlines():
+        code = line.split("#", 1)[0].rstrip() if not line.lstrip().startswith("#") else ""
+        if not code.strip():
+            continue
+        current = f"{current} {code.rstrip(chr(92))}" if current else code.rstrip(chr(92))
+        if not code.endswith("\\"):
+            out.append(current.strip())
+            current = ""
+    return [c for c in out if c.startswith("medray ")]
+
+
+def _is_group(cmd: Any) -> bool:
+    return hasattr(cmd, "commands")  # typer's group class (its own click under the hood)
+
+
+def _resolve(words: list[str]) -> tuple[list[str], Any]:
+    cmd: Any = typer.main.get_command(app)
+    path = []
+    for word in words[1:]:
+        if _is_group(cmd) and word in cmd.commands:
+            cmd = cmd.commands[word]
+            path.append(word)
+        else:
+            break
+    return path, cmd
+
+
+def _leaves(cmd: Any, prefix: tuple[str, ...] = ()) -> set[tuple[str, ...]]:
+    if _is_group(cmd):
+        return {leaf for name, sub in cmd.commands.items()
+                for leaf in _leaves(sub, (*prefix, name))}
+    return {prefix}
+
+
+def _flags(cmd: Any) -> set[str]:
+    return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+
+
+REFERENCE = _commands(_reference_block())
+
+
+def test_reference_lists_commands():
+    assert len(REFERENCE) >= 15, REFERENCE
+
+
+@pytest.mark.parametrize("line", REFERENCE)
+def test_every_readme_command_and_option_exists(line):
+    words = shlex.split(line.replace("|", " ").replace("[", " ").replace("]", " "))
+    path, cmd = _resolve(words)
+    assert path and not _is_group(cmd), f"not a command: {line}"
+    unknown = sorted(set(OPTION.findall(line)) - _flags(cmd))
+    assert not unknown, f"`medray {' '.join(path)}` has no option {unknown} (README: {line})"
+
+
+def test_every_cli_command_is_in_the_readme():
+    shown = {tuple(_resolve(shlex.split(line.replace("|", " ")))[0]) for line in REFERENCE}
+    missing = _leaves(typer.main.get_command(app)) - shown
+    assert not missing, f"commands missing from the README's reference: {sorted(missing)}"
+
+
+def test_example_configs_named_in_the_readme_load():
+    from medray.eval.config import load_eval_config
+    from medray.train.config import load_config
+    from medray.tune.space import load_space
+
+    for rel in ("configs/tiny-cpu.yaml", "configs/eval-demo-vllm.yaml",
+                "serve/medqaro-cpu.yaml", "tune/spaces/tiny_cpu.yaml"):
+        assert rel in README, rel
+    assert load_config(ROOT / "configs/tiny-cpu.yaml",
+                       ["model.name_or_path=m", "data.path=d"]).scaling.num_workers == 2
+    ev = load_eval_config(ROOT / "configs/eval-demo-vllm.yaml")
+    assert ev.engine.kind == "vllm" and ev.max_in_flight == 1
+    # the Serve file checks its model paths when loaded (after `make demo`): YAML here
+    assert yaml.safe_load((ROOT / "serve/medqaro-cpu.yaml").read_text())
+    assert load_space(ROOT / "tune/spaces/tiny_cpu.yaml").grid_size() == 4
