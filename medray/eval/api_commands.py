@@ -58,7 +58,10 @@ def run_engine_eval(engine: str, output: Path, *, data: Path, dry_run: bool, as_
             bar = tqdm(total=total, desc="items", unit="item", file=sys.stderr)
         bar.update(done - bar.n)
 
+    from medray.fsutil import check_output
+
     try:
+        check_output(output, [data])  # OutputRefused (a ValueError): exit 2 below
         result = run_external_eval(
             engine, data, output, dry_run=dry_run, engine_kwargs=api_kwargs,
             progress=None if dry_run or as_json else progress, **eval_opts)
