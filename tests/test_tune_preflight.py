@@ -74,7 +74,7 @@ def test_root_cause_unwraps_tune_and_train_errors():
 def test_all_failed_sweep_raises_with_the_first_cause_and_draws_no_plot(tmp_path):
     from test_tune_outputs import _trial  # the suite's stand-in Tune results
 
-    plan = plan_sweep(CONFIG, SPACE, tmp_path / "out")
+    plan = plan_sweep(CONFIG, SPACE, tmp_path / "out", ["model.name_or_path=m", "data.path=d"])
     root = plan.experiment_dir
     results = [_trial(root, f"a_0000{i}", 1e-3, 4, [], [], False,
                       _Wrapped("wrapped", ValueError(f"data split 'val' missing ({i})")))
