@@ -218,10 +218,11 @@ class QAIngress:
     # ------------------------------------------------------------------ health
     async def _ready(self) -> tuple[bool, str]:
         """Every LLM deployment has a RUNNING replica and answers a 1-token request;
-        cached for ready_cache_s so probes cost the engine almost nothing."""
+        a success is cached for ready_cache_s so probes cost the engine almost nothing (a
+        failure is not: the next probe may already see the replica that just started)."""
         async with self._ready_lock:
             at, ok, detail = self._ready_cache
-            if time.monotonic() - at < self.cfg.ready_cache_s:
+            if ok and time.monotonic() - at < self.cfg.ready_cache_s:
                 return ok, detail
             ok, detail = await self._probe()
             self._ready_cache = (time.monotonic(), ok, detail)
