@@ -199,7 +199,13 @@ OPTS = [{"label": "A", "text": "mitocondria"}, {"label": "B", "text": "ribozomul
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
                               "top_logprobs": 2}, 400),  # top_logprobs without logprobs
     ("/v1/chat/completions", {"messages": []}, 400),
-    ("/v1/chat/completions", {"messages": [{"role": "wizard", "content": "x"}]}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}], "n": 0}, 400),
+    # With LoRA on, prompt log-probs run one sequence at a time: n>1 and streamed batches
+    # of them are refused with a 400 that names the limitation.
+    ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1, "max_tokens": 1,
+                         "n": 2}, 400),
+    ("/v1/completions", {"prompt": ["x", "y"], "echo": True, "logprobs": 1, "max_tokens": 1,
+                         "stream": True}, 400),
 ])
 def test_bad_requests_get_openai_shaped_4xx(client, path, payload, status):
     import json

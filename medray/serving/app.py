@@ -21,7 +21,6 @@ import asyncio
 import hmac
 import time
 from collections import Counter
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -34,7 +33,9 @@ from medray.engines.base import Generation
 from medray.serve_config import AppConfig
 from medray.serving.errors import APIError, from_validation, install_error_handlers
 from medray.serving.limits import check_openai, read_json
+from medray.serving.llm import wants_prompt_logprobs
 from medray.serving.openapi import document
+from medray.serving.relay import Target, engine_error, generations, sse
 from medray.serving.schemas import (
     Health,
     MCQRequest,
@@ -55,46 +56,6 @@ def _bearer(request: Request) -> bytes:
     token = header[7:].strip() if header.lower().startswith("bearer ") else ""
     # Bytes: hmac.compare_digest refuses non-ASCII str (headers arrive latin-1 decoded).
     return token.encode("utf-8", "surrogateescape")
-
-
-@dataclass
-class Target:
-    """Where a request goes: the LLM handle, vLLM's model name, and how medray reports it."""
-
-    handle: DeploymentHandle
-    vllm_model: str
-    source: str  # model folder / hub id (its tokenizer)
-    model: str
-    adapter: str | None
-
-
-def _generations(response: Any) -> list[Generation]:
-    out = []
-    for choice in sorted(response.choices, key=lambda c: c.index):
-        lps = choice.logprobs.token_logprobs if choice.logprobs else []
-        out.append(Generation(
-            text=choice.text,
-            token_ids=list(choice.token_ids or []),
-            logprobs=[float(x) for x in lps if x is not None],
-            raw=choice.text,
-        ))
-    return out
-
-
-def _engine_error(exc: BaseException) -> APIError:
-    """Failures of the LLM deployment call: the engine's validation errors are the client's
-    (400); an unavailable or overloaded replica is the service's (503/429)."""
-    from ray import exceptions as rex
-    from ray.serve.exceptions import BackPressureError
-
-    cause = getattr(exc, "cause", None) or exc
-    if isinstance(cause, (ValueError, TypeError, OverflowError, ValidationError)):
-        return APIError(400, "invalid_request_error", str(cause)[:1000])
-    if isinstance(cause, BackPressureError):
-        return APIError(429, "rate_limit", "too many requests in flight; retry later")
-    if isinstance(exc, (rex.RayActorError, rex.ActorUnavailableError, TimeoutError)):
-        return APIError(503, "unavailable", "the LLM replica is unavailable; retry later")
-    return APIError(503, "engine_error", f"the LLM engine failed ({type(cause).__name__})")
 
 
 @serve.deployment(max_ongoing_requests=64)
@@ -184,7 +145,7 @@ class QAIngress:
         except APIError:
             raise
         except Exception as exc:  # noqa: BLE001 -- every failure gets a JSON answer
-            raise _engine_error(exc) from None
+            raise engine_error(exc) from None
         head = first[0] if isinstance(first, list) and first else first
         error = getattr(head, "error", None)
         if error is not None:
@@ -210,7 +171,7 @@ class QAIngress:
             model=target.vllm_model, prompt=prompts, max_tokens=max_new_tokens,
             temperature=0.0, logprobs=1, return_token_ids=True,
         )
-        gens = _generations(await self._call(target, "completions", req))
+        gens = generations(await self._call(target, "completions", req))
         for g, p in zip(gens, prompts, strict=True):
             g.prompt_tokens = len(p)
         return gens
@@ -358,20 +319,62 @@ class QAIngress:
         cls = CompletionRequest if kind == "completions" else ChatCompletionRequest
         try:
             req = cls.model_validate({**body, "model": target.vllm_model})
-        except (ValidationError, ValueError, TypeError) as exc:
-            if isinstance(exc, ValidationError):
-                raise from_validation(exc, 400) from None
+        except ValidationError as exc:
+            raise from_validation(exc, 400) from None
+        except Exception as exc:  # noqa: BLE001 -- vLLM's validators raise their own types
             raise APIError(400, "invalid_request_error", str(exc)[:1000]) from None
         method = "completions" if kind == "completions" else "chat"
+        if self._lora_on(target) and wants_prompt_logprobs(req):
+            return await self._prompt_logprobs_one_by_one(target, method, req)
         first, gen = await self._stream(target, method, req)
         self.counts[kind] += 1
         if not req.stream:
-            result = first
-            async for item in gen:
-                result = item
-            result = result[-1] if isinstance(result, list) else result
-            return JSONResponse(result.model_dump(mode="json"))
-        return StreamingResponse(_sse(first, gen), media_type="text/event-stream")
+            return JSONResponse(await self._last(first, gen))
+        return StreamingResponse(sse(first, gen), media_type="text/event-stream")
+
+    def _lora_on(self, target: Target) -> bool:
+        return target.source == self.cfg.model and bool(self.cfg.adapters or self.cfg.lora_uri)
+
+    async def _prompt_logprobs_one_by_one(self, target: Target, method: str, req: Any) -> Any:
+        """With LoRA enabled a prompt-log-prob sequence must be alone in the engine's batch
+        (llm.py); the replica serialises such requests, and here a request with several
+        prompts is split into one request per prompt, answered as one response."""
+        if getattr(req, "n", 1) not in (None, 1) or (getattr(req, "best_of", None) or 1) > 1:
+            raise APIError(400, "unsupported", "with LoRA adapters served, prompt log-probs "
+                           "(echo with logprobs, or prompt_logprobs) need n=1", "n")
+        prompt = getattr(req, "prompt", None)
+        several = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+        if not several or len(prompt) == 1:
+            first, gen = await self._stream(target, method, req)
+            if req.stream:
+                return StreamingResponse(sse(first, gen), media_type="text/event-stream")
+            return JSONResponse(await self._last(first, gen))
+        if req.stream:
+            raise APIError(400, "unsupported", "with LoRA adapters served, prompt log-probs "
+                           "of several prompts cannot be streamed; send stream=false or one "
+                           "prompt per request", "stream")
+        merged: dict[str, Any] | None = None
+        for i, one in enumerate(prompt):
+            part = await self._last(*await self._stream(
+                target, method, req.model_copy(update={"prompt": one})))
+            for choice in part["choices"]:
+                choice["index"] = i
+            if merged is None:
+                merged = part
+                continue
+            merged["choices"] += part["choices"]
+            for key, value in (part.get("usage") or {}).items():
+                if isinstance(value, int) and isinstance(merged["usage"].get(key), int):
+                    merged["usage"][key] += value
+        return JSONResponse(merged)
+
+    @staticmethod
+    async def _last(first: Any, gen: Any) -> dict[str, Any]:
+        result = first
+        async for item in gen:
+            result = item
+        result = result[-1] if isinstance(result, list) else result
+        return result.model_dump(mode="json")
 
     @route.post("/v1/completions", body="CompletionRequest", response="CompletionResponse")
     async def completions(self, request: Request) -> Any:
@@ -383,31 +386,6 @@ class QAIngress:
     async def chat(self, request: Request) -> Any:
         """OpenAI chat completions (vLLM's fields; `stream` gives server-sent events)."""
         return await self._openai("chat", request)
-
-
-async def _sse(first: Any, gen: Any) -> Any:
-    """Server-sent events as vLLM's own server writes them, ending with [DONE]; a failure
-    mid-stream becomes an error event (the status line is already sent)."""
-    import json
-
-    from ray.llm._internal.serve.core.ingress.utils import _apply_openai_json_format
-
-    done = False
-    try:
-        for item in [first]:
-            packet = _apply_openai_json_format(item)
-            done |= packet.strip().endswith("data: [DONE]")
-            yield packet
-        async for item in gen:
-            packet = _apply_openai_json_format(item)
-            done |= packet.strip().endswith("data: [DONE]")
-            yield packet
-    except Exception as exc:  # noqa: BLE001
-        err = _engine_error(exc)
-        yield "data: " + json.dumps({"error": {"message": err.message, "type": err.kind,
-                                               "code": err.status}}) + "\n\n"
-    if not done:
-        yield "data: [DONE]\n\n"
 
 
 def build_app(args: AppConfig | dict[str, Any]) -> Any:
