@@ -36,6 +36,13 @@ SYSTEMS = {"majority": "majority baseline", "zero_shot": "tiny model, zero-shot"
            "fine_tuned": "tiny model + LoRA (fine-tuned)"}
 
 
+def model_dirs(output: Path) -> dict[str, Path]:
+    """Where the demo writes its models (serve/medqaro-cpu.yaml serves pretrained + merged)."""
+    model = Path(output) / "model"
+    return {"base": model / "base", "pretrained": model / "pretrained",
+            "merged": model / "merged", "adapter": Path(output) / "train" / "adapter"}
+
+
 def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
              overrides: list[str] | None = None, address: str | None = None,
              console: Console | None = None) -> dict:
@@ -53,7 +60,7 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
                       f"once ({len(data.contexts)} contexts) in {output / 'data'}")
 
     with _stage(console, timings, 2, "tiny model (tokenizer from the train split only)"):
-        base = build_base(cfg, data, output / "model" / "base", seed)
+        base = build_base(cfg, data, model_dirs(output)["base"], seed)
         console.print(f"random-init Llama, {cfg.tiny_model.n_layers} layers x "
                       f"{cfg.tiny_model.hidden_size} hidden, in {base}")
 
@@ -64,7 +71,7 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
                                  steps=cfg.pretrain.steps, lr=cfg.pretrain.lr,
                                  seq_len=cfg.pretrain.seq_len,
                                  batch_size=cfg.pretrain.batch_size, seed=seed,
-                                 out_dir=output / "model" / "pretrained")
+                                 out_dir=model_dirs(output)["pretrained"])
         console.print(f"held-out LM loss {pre['held_out_loss_before']:.3f} -> "
                       f"{pre['held_out_loss_after']:.3f} ({pre['steps']} steps, "
                       f"{pre['tokens_seen']} tokens seen; unlabelled text, no QA pairs)")
@@ -84,7 +91,7 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
     evaluate = SystemEvaluator(cfg, train_cfg, output, console)
     with _stage(console, timings, 5, "zero-shot: serve the base (Ray Serve + vLLM), evaluate"):
         evaluate("majority", None)
-        with serving(cfg, train_cfg, output, "base", output / "model" / "pretrained",
+        with serving(cfg, train_cfg, output, "base", model_dirs(output)["pretrained"],
                      console) as endpoint:
             evaluate("zero_shot", endpoint)
 
@@ -198,10 +205,10 @@ def fine_tuned_model(train_cfg: Any, output: Path) -> Path:
     as LoRA by vLLM, so it is merged into the base first (PEFT merge_and_unload)."""
     from medray.train.checkpoints import merge_adapter
 
-    adapter = output / "train" / "adapter"
+    dirs = model_dirs(output)
     if not train_cfg.lora.modules_to_save:
-        return adapter
-    return merge_adapter(train_cfg.model.name_or_path, adapter, output / "model" / "merged")
+        return dirs["adapter"]
+    return merge_adapter(train_cfg.model.name_or_path, dirs["adapter"], dirs["merged"])
 
 
 @contextmanager
@@ -224,7 +231,7 @@ def serving(cfg: DemoConfig, train_cfg: Any, output: Path, name: str, model: Pat
     key_file.touch(mode=0o600)
     key_file.write_text(key + "\n")
     is_adapter = (model / "adapter_config.json").is_file()
-    app = AppConfig(model=str(output / "model" / "pretrained") if is_adapter else str(model),
+    app = AppConfig(model=str(model_dirs(output)["pretrained"]) if is_adapter else str(model),
                     model_id=f"demo-{name}", adapters={name: str(model)} if is_adapter else {},
                     max_lora_rank=train_cfg.lora.r, device="cpu",
                     max_model_len=cfg.serve.max_model_len,

@@ -1,7 +1,7 @@
-"""Schemas of the Serve app: its config (the `args` of a Serve config file) and its API.
+"""The Serve app's config: the `args` of a Serve config file (serve/*.yaml).
 
-Kept apart from serve_app.py so `medray serve --config` can validate a YAML file without
-importing Ray Serve or vLLM.
+Kept apart from medray/serving/ so `medray serve --config` can validate a YAML file without
+importing Ray Serve or vLLM. The HTTP API's schemas are in medray/serving/schemas.py.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Autoscaling(BaseModel):
@@ -36,15 +36,24 @@ class Replicas(BaseModel):
 
 
 class AppConfig(BaseModel):
-    """Everything `medray.serve_app:build_app` needs; the `args` block of serve/*.yaml."""
+    """Everything `medray.serve_app:build_app` needs; the `args` block of serve/*.yaml.
+
+    Relative paths (model, models, adapters, api_keys_file) are resolved against
+    `base_dir`: `medray serve --config FILE` sets it to FILE's folder; when unset (e.g. Serve's
+    own `serve run`, whose builder does not see the file) the current directory is used.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     model: str = Field(description="hub id or local path of the base (or merged) model")
     model_id: str = Field("medray", description="name clients use in the `model` field")
+    # More full models by name (for example a fine-tuned model merged into its base), each
+    # served by its own vLLM replicas beside `model`; /v1/qa and the OpenAI routes pick one
+    # with their `model` field.
+    models: dict[str, str] = Field(default_factory=dict)
     # Local PEFT adapters by name (served through ray.serve.llm's multiplexing with a
     # local loader); `lora_uri` instead names a cloud folder (s3://, gs://) of adapters for
-    # Ray's own multi-LoRA loader. A merged model is just another `model` path.
+    # Ray's own multi-LoRA loader.
     adapters: dict[str, str] = Field(default_factory=dict)
     lora_uri: str | None = None
     max_lora_rank: int = 16
@@ -52,9 +61,10 @@ class AppConfig(BaseModel):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     # Chosen by the config, never detected: the node that builds the app (often a CPU-only
     # head) says nothing about where the replicas run.
-    device: Literal["cpu", "gpu"] = "cpu"
+    device: Literal["cpu", "gpu"] = Field(description="where the vLLM replicas run")
     llm: Replicas = Field(default_factory=Replicas)
     ingress: Replicas = Field(default_factory=lambda: Replicas(num_cpus=0.5))
+    base_dir: str | None = None
 
     # Auth: keys (comma-separated) from the env var named here, and/or a secret file with
     # one key per line. Set require_auth false only for local experiments.
@@ -72,6 +82,14 @@ class AppConfig(BaseModel):
     # Tokens kept free for the answer inside context_tokens; None = max_new_tokens.
     reserve: int | None = Field(None, ge=0)
 
+    # Limits of every route, checked before anything is tokenised.
+    max_body_bytes: int = Field(2_000_000, ge=1024)
+    max_text_chars: int = Field(8_000, ge=16, description="question, option, stop strings")
+    max_n: int = Field(8, ge=1)
+    max_logprobs: int = Field(20, ge=0)  # vLLM's own default cap
+    max_batch: int = Field(64, ge=1, description="prompts per completion, messages per chat")
+    ready_cache_s: float = Field(5.0, ge=0)
+
     @model_validator(mode="after")
     def _limits(self) -> AppConfig:
         limit = self.max_context_tokens or self.max_model_len
@@ -81,24 +99,46 @@ class AppConfig(BaseModel):
             self.reserve = self.max_new_tokens
         if self.max_context_tokens is None:
             self.max_context_tokens = self.max_model_len
+        clash = ({self.model_id} | set(self.adapters)) & set(self.models)
+        if clash:
+            raise ValueError(f"models {sorted(clash)}: names already used by model_id/adapters")
         return self
 
-    @field_validator("adapters")
-    @classmethod
-    def _adapters_exist(cls, value: dict[str, str]) -> dict[str, str]:
-        for name, path in value.items():
-            if not (Path(path) / "adapter_config.json").is_file():
-                raise ValueError(f"adapter {name!r}: {path} has no adapter_config.json")
-        return value
+    def resolve(self, path: str) -> str:
+        """A configured path made absolute against base_dir (hub ids are left alone)."""
+        p = Path(path).expanduser()
+        if p.is_absolute():
+            return str(p)
+        candidate = Path(self.base_dir or os.getcwd()) / p
+        if candidate.exists() or _looks_local(path):
+            return str(candidate.resolve())
+        return path  # e.g. "org/model": a hub id
+
+    def resolved(self) -> AppConfig:
+        """A copy with every local path absolute, ready to be shipped to the replicas."""
+        data = self.model_dump()
+        data.update(
+            model=self.resolve(self.model),
+            models={k: self.resolve(v) for k, v in self.models.items()},
+            adapters={k: self.resolve(v) for k, v in self.adapters.items()},
+            api_keys_file=self.resolve(self.api_keys_file) if self.api_keys_file else None,
+            base_dir=str(Path(self.base_dir or os.getcwd()).resolve()),
+        )
+        return AppConfig.model_validate(data)
 
     def api_keys(self) -> set[str]:
         keys: set[str] = set()
         if self.api_keys_env and os.environ.get(self.api_keys_env):
             keys |= {k.strip() for k in os.environ[self.api_keys_env].split(",") if k.strip()}
         if self.api_keys_file:
-            lines = Path(self.api_keys_file).read_text().splitlines()
+            lines = Path(self.resolve(self.api_keys_file)).read_text().splitlines()
             keys |= {ln.strip() for ln in lines if ln.strip() and not ln.startswith("#")}
         return keys
+
+
+def _looks_local(path: str) -> bool:
+    """A path a hub id cannot be: starts with . or ~, or has more than one slash."""
+    return path.startswith((".", "~")) or path.count("/") > 1 or "\\" in path
 
 
 class ServeFile(BaseModel):
@@ -112,58 +152,20 @@ class ServeFile(BaseModel):
 
 
 def load_serve_file(path: str | os.PathLike) -> ServeFile:
-    """Read serve/X.yaml (a Serve config file: http_options + applications[0].args)."""
+    """Read serve/X.yaml (a Serve config file: http_options + applications[0].args).
+
+    Relative paths in `args` are resolved against the file's folder."""
     raw = yaml.safe_load(Path(path).read_text()) or {}
     apps = raw.get("applications") or []
     if not apps:
         raise ValueError(f"{path}: no `applications` entry")
     app = apps[0]
     http = raw.get("http_options") or {}
+    args = {"base_dir": str(Path(path).resolve().parent), **(app.get("args") or {})}
     return ServeFile(
         host=http.get("host", "127.0.0.1"),
         port=http.get("port", 8000),
         name=app.get("name", "medray"),
         route_prefix=app.get("route_prefix", "/"),
-        args=AppConfig.model_validate(app.get("args") or {}),
+        args=AppConfig.model_validate(args),
     )
-
-
-# ------------------------------------------------------------------------ API schemas
-
-
-class QARequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    question: str = Field(min_length=1)
-    context: str
-    prompt_format: Literal["qea", "eqa"] | None = None
-    context_tokens: int | None = Field(None, ge=16)
-    strategy: Literal["trim", "chunks", "retrieve"] = "trim"
-    adapter: str | None = None
-
-
-class QAResponse(BaseModel):
-    answer: str
-    logprob: float | None
-    prompt_tokens: int
-    strategy: str
-    model: str
-    adapter: str | None
-
-
-class Option(BaseModel):
-    label: str = Field(min_length=1, max_length=2)
-    text: str
-
-
-class MCQRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    question: str = Field(min_length=1)
-    options: list[Option] = Field(min_length=2, max_length=10)
-    kind: Literal["single", "group", "multiple"] = "single"
-    adapter: str | None = None
-
-
-class MCQResponse(BaseModel):
-    answer: list[str]
-    conforming: bool
-    raw: str

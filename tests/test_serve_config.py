@@ -10,7 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from medray.cli import app
-from medray.serve_config import AppConfig
+from medray.serve_config import AppConfig, load_serve_file
+from medray.serving.validation import ServeConfigError, check_servable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,34 +23,108 @@ def test_repo_serve_configs_are_valid(path, tmp_path):
     module, attr = application["import_path"].split(":")
     assert callable(getattr(importlib.import_module(module), attr))
     assert raw["http_options"]["host"] == "127.0.0.1"
-    # Point the adapters at a real (empty-weights) adapter folder; everything else as is.
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text("{}")
-    args = dict(application["args"], adapters={k: str(adapter) for k in
-                                               application["args"].get("adapters", {})})
-    cfg = AppConfig.model_validate(args)
+    cfg = AppConfig.model_validate(application["args"])
     assert cfg.reserve == cfg.max_new_tokens and cfg.max_context_tokens == cfg.max_model_len
 
 
 def test_config_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="adapter_config.json"):
-        AppConfig(model="m", adapters={"ft": str(tmp_path)})
+        check_servable(AppConfig(model="m", device="cpu", adapters={"ft": str(tmp_path)}))
     with pytest.raises(ValueError, match="context_tokens"):
-        AppConfig(model="m", context_tokens=4096, max_model_len=2048)
+        AppConfig(model="m", device="cpu", context_tokens=4096, max_model_len=2048)
     with pytest.raises(ValueError, match="extra"):
-        AppConfig(model="m", surprise=1)
+        AppConfig(model="m", device="cpu", surprise=1)
+    with pytest.raises(ValueError, match="device"):  # explicit: cpu or gpu, no guessing
+        AppConfig(model="m")
+    with pytest.raises(ValueError, match="device"):
+        AppConfig(model="m", device="auto")
     keys = tmp_path / "keys"
     keys.write_text("# comment\nk1\n\nk2\n")
     monkeypatch.setenv("MY_KEYS", "k3, k4")
-    cfg = AppConfig(model="m", api_keys_env="MY_KEYS", api_keys_file=str(keys))
+    cfg = AppConfig(model="m", device="cpu", api_keys_env="MY_KEYS", api_keys_file=str(keys))
     assert cfg.api_keys() == {"k1", "k2", "k3", "k4"}
+
+
+def _model(path: Path) -> Path:
+    from transformers import LlamaConfig
+
+    LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=1, tie_word_embeddings=True).save_pretrained(path)
+    return path
+
+
+def _adapter(path: Path, modules: list[str], **config) -> Path:
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True)
+    (path / "adapter_config.json").write_text(json.dumps(
+        {"peft_type": "LORA", "r": 8, "target_modules": modules, **config}))
+    save_file({f"base_model.model.model.layers.0.{m}.lora_A.weight": torch.zeros(8, 64)
+               for m in modules}, str(path / "adapter_model.safetensors"))
+    return path
+
+
+def test_startup_checks_name_the_path_and_the_fix(tmp_path):
+    base = _model(tmp_path / "base")
+    ok = _adapter(tmp_path / "ok", ["self_attn.q_proj", "mlp.down_proj"])
+    check_servable(AppConfig(model=str(base), device="cpu", adapters={"ft": str(ok)}))
+    cases = {
+        "modules_to_save": (_adapter(tmp_path / "mts", ["self_attn.q_proj"],
+                                     modules_to_save=["embed_tokens"]), "medray export"),
+        "rank 64 > max_lora_rank 16": (_adapter(tmp_path / "r64", ["self_attn.q_proj"], r=64),
+                                       "max_lora_rank"),
+        "lm_head": (_adapter(tmp_path / "head", ["lm_head"]), "--merge"),
+        "DoRA": (_adapter(tmp_path / "dora", ["self_attn.q_proj"], use_dora=True), "--merge"),
+    }
+    for problem, (path, fix) in cases.items():
+        with pytest.raises(ServeConfigError) as err:
+            check_servable(AppConfig(model=str(base), device="cpu", adapters={"x": str(path)}))
+        assert problem in str(err.value) and fix in str(err.value) and str(path) in str(err.value)
+
+
+def test_relative_paths_resolve_against_the_config_folder(tmp_path):
+    conf = tmp_path / "serve"
+    conf.mkdir()
+    _model(tmp_path / "models" / "base")
+    (conf / "x.yaml").write_text(yaml.safe_dump({"applications": [{
+        "import_path": "medray.serve_app:build_app",
+        "args": {"model": "../models/base", "models": {"ft": "../models/merged"},
+                 "device": "cpu"}}]}))
+    spec = load_serve_file(conf / "x.yaml")
+    cfg = spec.args.resolved()
+    assert cfg.model == str(tmp_path / "models" / "base")
+    with pytest.raises(ServeConfigError) as err:
+        check_servable(cfg, spec.args)
+    msg = str(err.value)
+    assert f"models.ft: no such model folder {tmp_path / 'models' / 'merged'}" in msg
+    assert f"resolved against {conf}, the config file's folder" in msg
+    # `medray serve` says the same and exits 2 before starting Ray.
+    res = CliRunner().invoke(app, ["serve", "--config", str(conf / "x.yaml")])
+    assert res.exit_code == 2 and "no such model folder" in res.output
+
+
+def test_cpu_config_serves_what_make_demo_writes():
+    """serve/medqaro-cpu.yaml: the demo's pre-trained base and its merged fine-tuned model."""
+    from medray.demo import model_dirs
+
+    spec = load_serve_file(ROOT / "serve" / "medqaro-cpu.yaml")
+    cfg = spec.args.resolved()
+    dirs = model_dirs(ROOT / "runs" / "demo")  # the Makefile's DEMO_DIR
+    assert cfg.model == str(dirs["pretrained"])
+    assert cfg.models == {"medray-ft": str(dirs["merged"])}
+    assert cfg.device == "cpu" and cfg.api_keys_env == "MEDRAY_API_KEYS"
+    readme = (ROOT / "README.md").read_text()
+    assert "MEDRAY_API_KEYS=" in readme and "medray serve --config serve/medqaro-cpu.yaml" in readme
 
 
 def test_medray_serve_rejects_bad_config(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump({"applications": [{"import_path": "medray.serve_app:build_app",
-                                                     "args": {"model": "m", "llm": 3}}]}))
+                                                     "args": {"model": "m", "llm": 3,
+                                                              "device": "cpu"}}]}))
     res = CliRunner().invoke(app, ["serve", "--config", str(bad)])
     assert res.exit_code == 2 and "bad.yaml" in res.output and "llm" in res.output
     empty = tmp_path / "empty.yaml"

@@ -123,3 +123,12 @@ def test_run_strategy_chunks_votes_over_generations():
     with pytest.raises(ValueError):
         finish_strategy(plan_strategy(tok, "q", context, strategy="chunks", context_tokens=20,
                                       chunk_tokens=10), [])
+
+
+@pytest.mark.parametrize("context", ["", "   ", "..."])
+def test_empty_or_wordless_context_still_gives_one_prompt(context):
+    tok = _FakeTokenizer()
+    for strategy in ("trim", "chunks", "retrieve"):
+        plan = plan_strategy(tok, "Care este stadiul?", context, strategy=strategy,
+                             context_tokens=20, chunk_tokens=3, reserve=2)
+        assert len(plan.prompts) == 1 and plan.prompts[0]  # the question, no context

@@ -33,9 +33,11 @@ def serve_cmd(
     from pydantic import ValidationError
 
     from medray.serve_config import load_serve_file
+    from medray.serving.validation import check_servable
 
     try:
         spec = load_serve_file(config)
+        check_servable(spec.args.resolved(), spec.args)  # before Ray or any replica starts
     except (OSError, ValueError, ValidationError) as err:
         _fail(f"{config}: {err}")
     _init_ray(address, num_cpus, log_to_driver=False)

@@ -1,0 +1,404 @@
+"""Ray Serve app: vLLM replicas from `ray.serve.llm` behind medray's QA ingress.
+
+    medray serve --config serve/medqaro-cpu.yaml   # validates the config first
+    serve run serve/medqaro-cpu.yaml               # Serve's own CLI
+
+`build_llms` (llm.py) gives one LLM deployment per served model (ray.serve.llm's
+LLMServer: vLLM, OpenAI request/response models, Serve multiplexing for LoRA). `QAIngress`
+is the FastAPI deployment in front: API-key auth, size limits before tokenising, /v1/qa
+(trim|chunks|retrieve with the training prompt code), /v1/mcq, pass-through
+/v1/completions and /v1/chat/completions (server-sent events with `stream`), /v1/models,
+/healthz (liveness) and /readyz (an LLM replica answers). Every error is an OpenAI-shaped
+JSON body (errors.py).
+
+Why not `build_openai_app`: its ingress has no auth and no QA routes, and its LoRA loader
+only takes cloud URIs; local adapters go through `LocalLoraLoader` (llm.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import time
+from collections import Counter
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from medray.engines.base import Generation
+from medray.serve_config import AppConfig
+from medray.serving.errors import APIError, from_validation, install_error_handlers
+from medray.serving.limits import check_openai, read_json
+from medray.serving.llm import wants_prompt_logprobs
+from medray.serving.openapi import document
+from medray.serving.relay import Target, engine_error, generations, sse
+from medray.serving.schemas import (
+    Health,
+    MCQRequest,
+    MCQResponse,
+    ModelCard,
+    ModelList,
+    QARequest,
+    QAResponse,
+)
+
+app = FastAPI(title="medray", description="Medical QA over Ray Serve + vLLM")
+install_error_handlers(app)
+route = document(app)
+
+
+def _bearer(request: Request) -> bytes:
+    header = request.headers.get("authorization", "")
+    token = header[7:].strip() if header.lower().startswith("bearer ") else ""
+    # Bytes: hmac.compare_digest refuses non-ASCII str (headers arrive latin-1 decoded).
+    return token.encode("utf-8", "surrogateescape")
+
+
+@serve.deployment(max_ongoing_requests=64)
+@serve.ingress(app)
+class QAIngress:
+    def __init__(self, llms: dict[str, DeploymentHandle], config: dict[str, Any]) -> None:
+        self.cfg = AppConfig.model_validate(config)
+        keys = self.cfg.api_keys()
+        if self.cfg.require_auth and not keys:
+            raise RuntimeError(
+                f"require_auth is on but no API keys were found (env var "
+                f"{self.cfg.api_keys_env!r}, file {self.cfg.api_keys_file!r})"
+            )
+        self._keys = [k.encode("utf-8") for k in keys]
+        self.llms = {name: h.options(stream=True) for name, h in llms.items()}
+        self._lora_handles: dict[str, DeploymentHandle] = {}
+        self._tokenizers: dict[str, Any] = {}
+        self.tokenizer = self._tokenizer(self.cfg.model)
+        self.counts: Counter[str] = Counter()
+        self._ready_cache: tuple[float, bool, str] = (-1e9, False, "not checked yet")
+        self._ready_lock = asyncio.Lock()
+        self._was_ready = False
+
+    # ------------------------------------------------------------------ plumbing
+    def _tokenizer(self, source: str) -> Any:
+        if source not in self._tokenizers:
+            from transformers import AutoTokenizer
+
+            self._tokenizers[source] = AutoTokenizer.from_pretrained(source)
+        return self._tokenizers[source]
+
+    def _auth(self, request: Request) -> None:
+        """Checked first in every route but the health probes, before the body is read."""
+        if not self.cfg.require_auth:
+            return
+        token = _bearer(request)
+        if not token or not any(hmac.compare_digest(token, k) for k in self._keys):
+            raise APIError(401, "unauthorized", "missing or invalid API key",
+                           headers={"WWW-Authenticate": "Bearer"})
+
+    async def _body(self, request: Request, schema: type[BaseModel] | None = None) -> Any:
+        self._auth(request)
+        data = await read_json(request, self.cfg.max_body_bytes)
+        if schema is None:
+            return data
+        try:
+            return schema.model_validate(data)
+        except ValidationError as exc:
+            raise from_validation(exc) from None
+
+    def _target(self, model: str | None, adapter: str | None = None) -> Target:
+        cfg = self.cfg
+        if model in cfg.models and adapter is None:
+            return Target(self.llms[model], model, cfg.models[model], model, None)
+        if model not in (None, cfg.model_id) and adapter is None:
+            # OpenAI clients name an adapter as "BASE:ADAPTER" or just "ADAPTER".
+            adapter = model.split(":", 1)[1] if model.startswith(f"{cfg.model_id}:") else model
+            if adapter not in cfg.adapters:
+                raise APIError(404, "model_not_found", f"model {model!r} is not served; "
+                               f"known: {self.served_names()}", "model")
+        elif model not in (None, cfg.model_id):
+            raise APIError(404, "model_not_found", f"adapter {adapter!r} rides on "
+                           f"{cfg.model_id!r}, not on {model!r}", "model")
+        base = self.llms[cfg.model_id]
+        if adapter is None:
+            return Target(base, cfg.model_id, cfg.model, cfg.model_id, None)
+        if adapter not in cfg.adapters:
+            raise APIError(404, "unknown_adapter", f"adapter {adapter!r} is not served; "
+                           f"known: {sorted(cfg.adapters)}", "adapter")
+        name = f"{cfg.model_id}:{adapter}"
+        if adapter not in self._lora_handles:  # cache: each .options() makes a new handle
+            self._lora_handles[adapter] = base.options(multiplexed_model_id=name)
+        return Target(self._lora_handles[adapter], name, cfg.model, name, adapter)
+
+    def served_names(self) -> list[str]:
+        cfg = self.cfg
+        return [cfg.model_id, *[f"{cfg.model_id}:{a}" for a in cfg.adapters], *cfg.models]
+
+    async def _stream(self, target: Target, method: str, request: Any) -> Any:
+        """The first item of the LLM call (a response, or a list of SSE chunks) and the
+        generator of the rest; errors (first item an ErrorResponse) raised as APIError."""
+        gen = getattr(target.handle, method).remote(request, None)
+        try:
+            first = await gen.__anext__()
+        except StopAsyncIteration:
+            raise APIError(503, "engine_error", "the LLM engine returned nothing") from None
+        except APIError:
+            raise
+        except Exception as exc:  # noqa: BLE001 -- every failure gets a JSON answer
+            raise engine_error(exc) from None
+        head = first[0] if isinstance(first, list) and first else first
+        error = getattr(head, "error", None)
+        if error is not None:
+            code = int(getattr(error, "code", 500) or 500)
+            kind = str(getattr(error, "type", "engine_error"))
+            if code >= 500:
+                code, kind = 503, "engine_error"
+            raise APIError(code, kind, str(error.message)[:1000])
+        return first, gen
+
+    async def _call(self, target: Target, method: str, request: Any) -> Any:
+        first, gen = await self._stream(target, method, request)
+        result = first
+        async for item in gen:
+            result = item
+        return result[-1] if isinstance(result, list) else result
+
+    async def generate_ids(self, target: Target, prompts: list[list[int]],
+                           max_new_tokens: int) -> list[Generation]:
+        from ray.serve.llm.openai_api_models import CompletionRequest
+
+        req = CompletionRequest(
+            model=target.vllm_model, prompt=prompts, max_tokens=max_new_tokens,
+            temperature=0.0, logprobs=1, return_token_ids=True,
+        )
+        gens = generations(await self._call(target, "completions", req))
+        for g, p in zip(gens, prompts, strict=True):
+            g.prompt_tokens = len(p)
+        return gens
+
+    # ------------------------------------------------------------------ health
+    async def _ready(self) -> tuple[bool, str]:
+        """Every LLM deployment has a RUNNING replica and answers a 1-token request;
+        a success is cached for ready_cache_s so probes cost the engine almost nothing (a
+        failure is not: the next probe may already see the replica that just started)."""
+        async with self._ready_lock:
+            at, ok, detail = self._ready_cache
+            if ok and time.monotonic() - at < self.cfg.ready_cache_s:
+                return ok, detail
+            ok, detail = await self._probe()
+            self._ready_cache = (time.monotonic(), ok, detail)
+            self._was_ready |= ok
+            return ok, detail
+
+    async def _probe(self) -> tuple[bool, str]:
+        from ray.serve.llm.openai_api_models import CompletionRequest
+
+        try:
+            status = await asyncio.to_thread(serve.status)
+        except Exception as exc:  # noqa: BLE001
+            return False, f"Serve status unavailable ({type(exc).__name__})"
+        token = self.tokenizer.bos_token_id or self.tokenizer.eos_token_id or 0
+        for name, handle in self.llms.items():
+            app_status = status.applications.get(handle.app_name)
+            dep = app_status.deployments.get(handle.deployment_name) if app_status else None
+            running = (dep.replica_states.get("RUNNING", 0) if dep else 0)
+            if not running:
+                return False, f"{name}: no running LLM replica"
+            req = CompletionRequest(model=name, prompt=[token], max_tokens=1)
+            try:
+                await asyncio.wait_for(self._call(Target(handle, name, "", name, None),
+                                                  "completions", req), timeout=30)
+            except (TimeoutError, APIError) as exc:
+                return False, f"{name}: {getattr(exc, 'message', 'timed out')}"
+        return True, "ok"
+
+    async def check_health(self) -> None:
+        """Serve's own health check: readiness, once the app has been ready (a replica that
+        is still starting its LLM is not restarted for it)."""
+        ok, detail = await self._ready()
+        if not ok and self._was_ready:
+            raise RuntimeError(f"not ready: {detail}")
+
+    # ------------------------------------------------------------------ routes
+    @route.get("/healthz", response_model=Health, public=True)
+    async def healthz(self) -> Health:
+        """Liveness: this ingress replica answers (it says nothing about the LLM)."""
+        return Health(status="ok", model=self.cfg.model_id)
+
+    @route.get("/readyz", response_model=Health, public=True)
+    async def readyz(self) -> JSONResponse:
+        """Readiness: every LLM deployment has a running replica that answers."""
+        ok, detail = await self._ready()
+        body = Health(status="ok" if ok else "unavailable", model=self.cfg.model_id,
+                      detail=None if ok else detail)
+        return JSONResponse(body.model_dump(), status_code=200 if ok else 503)
+
+    @route.get("/v1/models", response_model=ModelList)
+    async def models(self, request: Request) -> ModelList:
+        self._auth(request)
+        cfg = self.cfg
+        cards = [ModelCard(id=cfg.model_id, root=cfg.model)]
+        cards += [ModelCard(id=f"{cfg.model_id}:{a}", root=p, parent=cfg.model_id)
+                  for a, p in cfg.adapters.items()]
+        cards += [ModelCard(id=name, root=p) for name, p in cfg.models.items()]
+        return ModelList(data=cards)
+
+    @route.get("/v1/stats", response_model=dict[str, int])
+    async def stats(self, request: Request) -> dict[str, int]:
+        """Requests this ingress replica answered, per route (used by the resume test)."""
+        self._auth(request)
+        return dict(self.counts)
+
+    @route.post("/v1/qa", response_model=QAResponse, body=QARequest)
+    async def qa(self, request: Request) -> QAResponse:
+        from medray.strategies import finish_strategy, plan_strategy
+        from medray.tokenize import BudgetError
+
+        body: QARequest = await self._body(request, QARequest)
+        cfg = self.cfg
+        context_tokens = body.context_tokens or cfg.context_tokens
+        if context_tokens > (cfg.max_context_tokens or cfg.max_model_len):
+            raise APIError(413, "context_too_large", f"context_tokens {context_tokens} > "
+                           f"limit {cfg.max_context_tokens}", "context_tokens")
+        if len(body.context) > cfg.max_context_chars:
+            raise APIError(413, "context_too_large", f"context has {len(body.context)} "
+                           f"characters; limit is {cfg.max_context_chars}", "context")
+        if len(body.question) > cfg.max_text_chars:
+            raise APIError(413, "request_too_large", f"question has {len(body.question)} "
+                           f"characters; limit is {cfg.max_text_chars}", "question")
+        target = self._target(body.model, body.adapter)
+        try:
+            plan = plan_strategy(
+                self._tokenizer(target.source), body.question, body.context,
+                strategy=body.strategy, fmt=body.prompt_format or cfg.prompt_format,
+                context_tokens=context_tokens, chunk_tokens=cfg.chunk_tokens,
+                reserve=cfg.reserve or 0,
+            )
+        except BudgetError as err:  # the question alone does not fit context_tokens
+            raise APIError(422, "context_tokens_too_small", str(err), "context_tokens") from None
+        gens = await self.generate_ids(target, plan.prompts, cfg.max_new_tokens)
+        res = finish_strategy(plan, gens)
+        self.counts["qa"] += 1
+        return QAResponse(answer=res.answer, logprob=res.logprob, prompt_tokens=res.prompt_tokens,
+                          strategy=res.strategy, model=target.model, adapter=target.adapter)
+
+    @route.post("/v1/mcq", response_model=MCQResponse, body=MCQRequest)
+    async def mcq(self, request: Request) -> MCQResponse:
+        from medray.eval.metrics.mcq import extract_answer
+        from medray.prompts import robiology_prompt
+
+        body: MCQRequest = await self._body(request, MCQRequest)
+        chars = len(body.question) + sum(len(o.text) for o in body.options)
+        if chars > self.cfg.max_text_chars:
+            raise APIError(413, "request_too_large", f"question and options have {chars} "
+                           f"characters; limit is {self.cfg.max_text_chars}", "options")
+        target = self._target(body.model, body.adapter)
+        tokenizer = self._tokenizer(target.source)
+        options = [o.model_dump() for o in body.options]
+        prompt = robiology_prompt(body.question, options, body.kind)
+        text = prompt.text
+        if getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template(
+                prompt.messages(), tokenize=False, add_generation_prompt=True)
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) + self.cfg.max_new_tokens > self.cfg.max_model_len:
+            raise APIError(413, "request_too_large", f"the prompt has {len(ids)} tokens; "
+                           f"max_model_len is {self.cfg.max_model_len}", "options")
+        gen = (await self.generate_ids(target, [ids], self.cfg.max_new_tokens))[0]
+        valid = [o.label for o in body.options] if body.kind != "group" else list("ABCDE")
+        ext = extract_answer(gen.text, valid=valid, multi=body.kind == "multiple")
+        self.counts["mcq"] += 1
+        return MCQResponse(answer=list(ext.labels), conforming=ext.conforming, raw=gen.text)
+
+    async def _openai(self, kind: str, request: Request) -> Any:
+        from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
+
+        body = await self._body(request)
+        check_openai(body, kind, self.cfg)
+        target = self._target(body.get("model"))
+        cls = CompletionRequest if kind == "completions" else ChatCompletionRequest
+        try:
+            req = cls.model_validate({**body, "model": target.vllm_model})
+        except ValidationError as exc:
+            raise from_validation(exc, 400) from None
+        except Exception as exc:  # noqa: BLE001 -- vLLM's validators raise their own types
+            raise APIError(400, "invalid_request_error", str(exc)[:1000]) from None
+        method = "completions" if kind == "completions" else "chat"
+        if self._lora_on(target) and wants_prompt_logprobs(req):
+            return await self._prompt_logprobs_one_by_one(target, method, req)
+        first, gen = await self._stream(target, method, req)
+        self.counts[kind] += 1
+        if not req.stream:
+            return JSONResponse(await self._last(first, gen))
+        return StreamingResponse(sse(first, gen), media_type="text/event-stream")
+
+    def _lora_on(self, target: Target) -> bool:
+        return target.source == self.cfg.model and bool(self.cfg.adapters or self.cfg.lora_uri)
+
+    async def _prompt_logprobs_one_by_one(self, target: Target, method: str, req: Any) -> Any:
+        """With LoRA enabled a prompt-log-prob sequence must be alone in the engine's batch
+        (llm.py); the replica serialises such requests, and here a request with several
+        prompts is split into one request per prompt, answered as one response."""
+        if getattr(req, "n", 1) not in (None, 1) or (getattr(req, "best_of", None) or 1) > 1:
+            raise APIError(400, "unsupported", "with LoRA adapters served, prompt log-probs "
+                           "(echo with logprobs, or prompt_logprobs) need n=1", "n")
+        prompt = getattr(req, "prompt", None)
+        several = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+        if not several or len(prompt) == 1:
+            first, gen = await self._stream(target, method, req)
+            if req.stream:
+                return StreamingResponse(sse(first, gen), media_type="text/event-stream")
+            return JSONResponse(await self._last(first, gen))
+        if req.stream:
+            raise APIError(400, "unsupported", "with LoRA adapters served, prompt log-probs "
+                           "of several prompts cannot be streamed; send stream=false or one "
+                           "prompt per request", "stream")
+        merged: dict[str, Any] | None = None
+        for i, one in enumerate(prompt):
+            part = await self._last(*await self._stream(
+                target, method, req.model_copy(update={"prompt": one})))
+            for choice in part["choices"]:
+                choice["index"] = i
+            if merged is None:
+                merged = part
+                continue
+            merged["choices"] += part["choices"]
+            for key, value in (part.get("usage") or {}).items():
+                if isinstance(value, int) and isinstance(merged["usage"].get(key), int):
+                    merged["usage"][key] += value
+        return JSONResponse(merged)
+
+    @staticmethod
+    async def _last(first: Any, gen: Any) -> dict[str, Any]:
+        result = first
+        async for item in gen:
+            result = item
+        result = result[-1] if isinstance(result, list) else result
+        return result.model_dump(mode="json")
+
+    @route.post("/v1/completions", body="CompletionRequest", response="CompletionResponse")
+    async def completions(self, request: Request) -> Any:
+        """OpenAI completions (vLLM's fields; `stream` gives server-sent events)."""
+        return await self._openai("completions", request)
+
+    @route.post("/v1/chat/completions", body="ChatCompletionRequest",
+                response="ChatCompletionResponse")
+    async def chat(self, request: Request) -> Any:
+        """OpenAI chat completions (vLLM's fields; `stream` gives server-sent events)."""
+        return await self._openai("chat", request)
+
+
+def build_app(args: AppConfig | dict[str, Any]) -> Any:
+    """Serve application builder (`import_path: medray.serve_app:build_app`).
+
+    Every model and adapter is checked here, before any replica starts."""
+    from medray.serving.llm import build_llms
+    from medray.serving.validation import check_servable
+
+    raw = args if isinstance(args, AppConfig) else AppConfig.model_validate(args)
+    cfg = raw.resolved()
+    check_servable(cfg, raw)
+    ingress = QAIngress.options(
+        ray_actor_options={"num_cpus": cfg.ingress.num_cpus}, **cfg.ingress.serve_options()
+    )
+    return ingress.bind(build_llms(cfg), cfg.model_dump(mode="json"))

@@ -1,0 +1,80 @@
+"""Relaying to the LLM deployments: where a request goes, how engine failures map to HTTP
+statuses, and server-sent events as vLLM's own server writes them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import ValidationError
+from ray.serve.handle import DeploymentHandle
+
+from medray.engines.base import Generation
+from medray.serving.errors import APIError
+
+
+@dataclass
+class Target:
+    """Where a request goes: the LLM handle, vLLM's model name, and how medray reports it."""
+
+    handle: DeploymentHandle
+    vllm_model: str
+    source: str  # model folder / hub id (its tokenizer)
+    model: str
+    adapter: str | None
+
+
+def generations(response: Any) -> list[Generation]:
+    out = []
+    for choice in sorted(response.choices, key=lambda c: c.index):
+        lps = choice.logprobs.token_logprobs if choice.logprobs else []
+        out.append(Generation(
+            text=choice.text,
+            token_ids=list(choice.token_ids or []),
+            logprobs=[float(x) for x in lps if x is not None],
+            raw=choice.text,
+        ))
+    return out
+
+
+def engine_error(exc: BaseException) -> APIError:
+    """Failures of the LLM deployment call: the engine's validation errors are the client's
+    (400); an unavailable or overloaded replica is the service's (503/429)."""
+    from ray import exceptions as rex
+    from ray.serve.exceptions import BackPressureError
+
+    cause = getattr(exc, "cause", None) or exc
+    client_error = any(c.__name__ == "VLLMClientError" for c in type(cause).__mro__)
+    if client_error or isinstance(cause, (ValueError, TypeError, OverflowError,
+                                          ValidationError)):
+        return APIError(400, "invalid_request_error", str(cause)[:1000])
+    if isinstance(cause, BackPressureError):
+        return APIError(429, "rate_limit", "too many requests in flight; retry later")
+    if isinstance(exc, (rex.RayActorError, rex.ActorUnavailableError, TimeoutError)):
+        return APIError(503, "unavailable", "the LLM replica is unavailable; retry later")
+    return APIError(503, "engine_error", f"the LLM engine failed ({type(cause).__name__})")
+
+
+async def sse(first: Any, gen: Any) -> Any:
+    """Server-sent events as vLLM's own server writes them, ending with [DONE]; a failure
+    mid-stream becomes an error event (the status line is already sent)."""
+    import json
+
+    from ray.llm._internal.serve.core.ingress.utils import _apply_openai_json_format
+
+    done = False
+    try:
+        for item in [first]:
+            packet = _apply_openai_json_format(item)
+            done |= packet.strip().endswith("data: [DONE]")
+            yield packet
+        async for item in gen:
+            packet = _apply_openai_json_format(item)
+            done |= packet.strip().endswith("data: [DONE]")
+            yield packet
+    except Exception as exc:  # noqa: BLE001
+        err = engine_error(exc)
+        yield "data: " + json.dumps({"error": {"message": err.message, "type": err.kind,
+                                               "code": err.status}}) + "\n\n"
+    if not done:
+        yield "data: [DONE]\n\n"

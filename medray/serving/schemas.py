@@ -1,0 +1,108 @@
+"""The HTTP API's request and response bodies (pydantic; no Ray imports).
+
+Size limits here are hard ceilings that also appear in the OpenAPI document; the
+deployment's config (medray/serve_config.py) may set lower ones (checked in limits.py).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+QUESTION_CHARS = 8_000
+OPTION_CHARS = 4_000
+CONTEXT_CHARS = 2_000_000
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must contain non-whitespace text")
+    return value
+
+
+class QARequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str = Field(min_length=1, max_length=QUESTION_CHARS)
+    context: str = Field(max_length=CONTEXT_CHARS)
+    prompt_format: Literal["qea", "eqa"] | None = None
+    context_tokens: int | None = Field(None, ge=16, le=1_000_000)
+    strategy: Literal["trim", "chunks", "retrieve"] = "trim"
+    model: str | None = Field(None, max_length=256, description="a name from /v1/models")
+    adapter: str | None = Field(None, max_length=256)
+
+    _question = field_validator("question")(_not_blank)
+
+
+class QAResponse(BaseModel):
+    answer: str
+    logprob: float | None
+    prompt_tokens: int
+    strategy: str
+    model: str
+    adapter: str | None
+
+
+class Option(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    label: str = Field(min_length=1, max_length=2, pattern=r"^[A-Za-z0-9]{1,2}$")
+    text: str = Field(min_length=1, max_length=OPTION_CHARS)
+
+    _text = field_validator("text")(_not_blank)
+
+
+class MCQRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    question: str = Field(min_length=1, max_length=QUESTION_CHARS)
+    options: list[Option] = Field(min_length=2, max_length=10)
+    kind: Literal["single", "group", "multiple"] = "single"
+    model: str | None = Field(None, max_length=256, description="a name from /v1/models")
+    adapter: str | None = Field(None, max_length=256)
+
+    _question = field_validator("question")(_not_blank)
+
+    @field_validator("options")
+    @classmethod
+    def _unique_labels(cls, options: list[Option]) -> list[Option]:
+        labels = [o.label for o in options]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"option labels repeat: {labels}")
+        return options
+
+
+class MCQResponse(BaseModel):
+    answer: list[str]
+    conforming: bool
+    raw: str
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "medray"
+    root: str = Field(description="the served base model (or merged model) path")
+    parent: str | None = Field(None, description="for an adapter: the model it rides on")
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class Health(BaseModel):
+    status: Literal["ok", "unavailable"]
+    model: str
+    detail: str | None = None
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str
+    code: int
+    param: str | None = None
+
+
+class ErrorBody(BaseModel):
+    """The OpenAI error shape, used for every non-2xx answer."""
+
+    error: ErrorDetail
