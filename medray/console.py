@@ -129,6 +129,11 @@ def _redirect_fds(log: IO[str]) -> Iterator[Console]:
             term.close()
 
 
+def _ray_up() -> bool:
+    ray = sys.modules.get("ray")  # never import Ray just to ask
+    return bool(ray is not None and ray.is_initialized())
+
+
 def link_ray_logs(log_dir: Path) -> None:
     """`log_dir/ray` -> this Ray session's log folder (worker output lives there)."""
     try:
@@ -152,6 +157,7 @@ def command_console(name: str, log_dir: Path, *, verbose: bool = False) -> Itera
         display = Display(Console(highlight=False, soft_wrap=True), None)
         yield display
         return
+    ray_was_up = _ray_up()
     made = [d for d in (log_dir, *log_dir.parents) if not d.exists()]
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
@@ -174,6 +180,12 @@ def command_console(name: str, log_dir: Path, *, verbose: bool = False) -> Itera
                 failure = exc
             finally:
                 link_ray_logs(log_dir)
+                if not ray_was_up and _ray_up():
+                    # Leave Ray while the console is still redirected: raylet warnings and
+                    # shutdown messages arrive until then, and belong in the log.
+                    import ray
+
+                    ray.shutdown()
                 _TERMINAL = None
     if failure is None:
         return

@@ -101,7 +101,18 @@ def test_example_configs_named_in_the_readme_load():
     assert load_config(ROOT / "configs/tiny-cpu.yaml",
                        ["model.name_or_path=m", "data.path=d"]).scaling.num_workers == 2
     ev = load_eval_config(ROOT / "configs/eval-demo-vllm.yaml")
-    assert ev.engine.kind == "vllm" and ev.max_in_flight == 1
+    assert ev.engine.kind == "vllm" and (ev.actors, ev.max_in_flight) == (2, 4)  # defaults
     # the Serve file checks its model paths when loaded (after `make demo`): YAML here
     assert yaml.safe_load((ROOT / "serve/medqaro-cpu.yaml").read_text())
     assert load_space(ROOT / "tune/spaces/tiny_cpu.yaml").grid_size() == 4
+
+
+def test_help_shows_whole_option_names():
+    """Plain help: option names are never cut (rich panels cut them at 80 columns)."""
+    from typer.testing import CliRunner
+
+    res = CliRunner().invoke(app, ["score", "--help"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0 and "--no-fold-diacritics" in res.output
+    assert "…" not in res.output
+    res = CliRunner().invoke(app, ["eval", "--help"], env={"COLUMNS": "80"})
+    assert "multiple-choice data only" in " ".join(res.output.split())

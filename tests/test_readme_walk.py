@@ -88,7 +88,8 @@ def test_readme_tiny_recipe_walk(ray_session, tmp_path):
                    "--data", str(runs / "data"), "--mode", "medqaro", "--resamples", "50"])
     assert "dataset=medqaro" in scored and "None" not in scored.splitlines()[0]
 
-    # eval --config: the README's example config, pointed at this run's outputs
+    # eval --config: the README's example config (2 vLLM actors, 4 requests in flight: the
+    # defaults, which used to abort both actors), pointed at this run's outputs
     ev = yaml.safe_load((ROOT / "configs/eval-demo-vllm.yaml").read_text())
     ev.update(data=str(runs / "data"), limit=6, context_tokens=256)
     ev["engine"]["model"] = str(merged)

@@ -82,6 +82,9 @@ def test_human_output_says_how(pair_files):
     res = runner.invoke(app, ["score", "-p", str(preds), "--references", str(refs)])
     assert res.exit_code == 0
     assert "mode=medqaro" in res.stdout and "n=4" in res.stdout and "bootstrap" in res.stdout
+    # a references file names itself, not a dataset and split it does not have
+    assert f"references={refs}" in res.stdout and "dataset=None" not in res.stdout
+    assert "split(s)=?" not in res.stdout
 
 
 @pytest.mark.parametrize(

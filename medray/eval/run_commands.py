@@ -28,6 +28,10 @@ def serve_cmd(
     address: Annotated[str | None, typer.Option(help="Ray address (default: local)")] = None,
     num_cpus: Annotated[int | None, typer.Option(help="logical CPUs of a local Ray")] = None,
     block: Annotated[bool, typer.Option(help="keep serving until Ctrl-C")] = True,
+    logs: Annotated[Path, typer.Option(help="folder for Ray/Serve/vLLM logs")] = Path(
+        "runs/serve/logs"),
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="show Ray/Serve/vLLM logs here instead of in --logs")] = False,
 ) -> None:
     """Serve a model (vLLM replicas + QA ingress) from the same YAML `serve run` reads."""
     from pydantic import ValidationError
@@ -40,22 +44,25 @@ def serve_cmd(
         check_servable(spec.args.resolved(), spec.args)  # before Ray or any replica starts
     except (OSError, ValueError, ValidationError) as err:
         _fail(f"{config}: {err}")
-    _init_ray(address, num_cpus, log_to_driver=False)
-    from ray import serve
+    with command_console("serve", logs, verbose=verbose) as display:
+        with display.stage("start Ray Serve and the vLLM replicas"):
+            _init_ray(address, num_cpus, log_to_driver=False)
+            from ray import serve
 
-    from medray.serve_app import build_app
+            from medray.serve_app import build_app
 
-    serve.start(http_options={"host": spec.host, "port": spec.port})
-    serve.run(build_app(spec.args), name=spec.name, route_prefix=spec.route_prefix)
-    typer.echo(f"serving {spec.args.model_id} ({spec.args.model}) at "
-               f"http://{spec.host}:{spec.port}{spec.route_prefix}", err=True)
-    if not block:
-        return
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.shutdown()
+            serve.start(http_options={"host": spec.host, "port": spec.port})
+            serve.run(build_app(spec.args), name=spec.name, route_prefix=spec.route_prefix)
+        names = [spec.args.model_id, *spec.args.adapters, *spec.args.models]
+        display.print(f"serving {', '.join(names)} at http://{spec.host}:{spec.port}"
+                      f"{spec.route_prefix} (logs: {logs}){'; Ctrl-C stops' if block else ''}")
+        if not block:
+            return
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:  # the normal way to stop a server: exit 0
+            serve.shutdown()
 
 
 _CFG = "--config path (evaluation actors on Ray)"
@@ -76,7 +83,8 @@ def eval_cmd(
         "--verbose", help="show Ray/vLLM logs here (default: OUTPUT/logs/)",
         rich_help_panel=_CFG)] = False,
     engine: Annotated[str | None, typer.Option(
-        help="openai:MODEL | anthropic:MODEL (also hf:PATH, vllm:PATH, serve:URL)",
+        help="openai:MODEL | anthropic:MODEL (also serve:URL; hf:PATH and vllm:PATH on "
+        "multiple-choice data only: local models on MedQARo go through --config)",
         rich_help_panel=_ENG)] = None,
     data: Annotated[Path | None, typer.Option(
         help="prepared dataset directory (required with --engine)", rich_help_panel=_ENG)] = None,

@@ -164,7 +164,7 @@ def build_engine(cfg: TrainConfig, plan: dict, world: int, device: Any) -> tuple
     load_on = "cpu" if cfg.deepspeed.offload_params else device
     model, tokenizer = load_model_and_tokenizer(
         cfg.model.name_or_path, cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
-        device=load_on, cache_dir=cfg.model.cache_dir,
+        device=load_on, cache_dir=plan.get("cache_dir") or cfg.model.cache_dir,
         attn_implementation=cfg.model.attn_implementation)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

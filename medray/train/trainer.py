@@ -192,10 +192,9 @@ def _datasets(cfg: TrainConfig, plan: dict, contexts: dict, contexts_ref: Any) -
 
 def resolve_cache_dir(cfg: TrainConfig, output: Path) -> str:
     """model.cache_dir, by default OUTPUT/hf-cache: on the run's shared storage, so all
-    workers and every restart reuse one download."""
-    if cfg.model.cache_dir is None:
-        cfg.model.cache_dir = str((Path(output) / "hf-cache").resolve())
-    return cfg.model.cache_dir
+    workers and every restart reuse one download. The config keeps what the user wrote
+    (a sweep's best.yaml must equal its trial's recorded config); the plan carries this."""
+    return cfg.model.cache_dir or str((Path(output) / "hf-cache").resolve())
 
 
 def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print,
@@ -211,8 +210,8 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     from medray.train.progress import TrainingBoard
 
     output = Path(output)
-    resolve_cache_dir(cfg, output)
     plan = preflight(cfg)
+    plan["cache_dir"] = resolve_cache_dir(cfg, output)
     from medray.fsutil import claim_directory
 
     claim_directory(output, force=True, command="train")  # refusals: the CLI, before
