@@ -83,6 +83,8 @@ def _cell(v: object, column: str = "") -> str:
         return "–"
     if column in COUNT_COLUMNS and isinstance(v, int | float):
         return str(int(v))
+    if column == "seconds" and isinstance(v, float):
+        return f"{v:.1f}"
     if isinstance(v, float):
         return f"{v:.4f}"
     return str(v)
