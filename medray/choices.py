@@ -38,3 +38,29 @@ class SweepMetric(StrEnum):
 class OptMode(StrEnum):
     max = "max"
     min = "min"
+
+
+class Dataset(StrEnum):
+    medqaro = "medqaro"
+    robiology = "robiology"
+    europemedqa = "europemedqa"
+
+
+class Scale(StrEnum):
+    small = "small"
+    paper = "paper"
+
+
+class Compat(StrEnum):
+    medqaro = "medqaro"
+
+
+class PromptFormat(StrEnum):
+    qea = "qea"
+    eqa = "eqa"
+
+
+class DType(StrEnum):
+    fp32 = "fp32"
+    bf16 = "bf16"
+    fp16 = "fp16"

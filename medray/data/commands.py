@@ -3,35 +3,16 @@
 from __future__ import annotations
 
 import sys
-from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from medray.choices import Compat, Dataset, PromptFormat, Scale
+
 data_app = typer.Typer(rich_markup_mode=None,
                        help="Synthesise, prepare and inspect benchmark data.",
                        no_args_is_help=True)
-
-
-class Dataset(StrEnum):
-    medqaro = "medqaro"
-    robiology = "robiology"
-    europemedqa = "europemedqa"
-
-
-class Scale(StrEnum):
-    small = "small"
-    paper = "paper"
-
-
-class Compat(StrEnum):
-    medqaro = "medqaro"
-
-
-class PromptFormat(StrEnum):
-    qea = "qea"
-    eqa = "eqa"
 
 
 DatasetOpt = Annotated[Dataset, typer.Option("--dataset", "-d", help="the benchmark")]

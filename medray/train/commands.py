@@ -3,22 +3,16 @@
 from __future__ import annotations
 
 import json
-from enum import StrEnum
 from pathlib import Path
 
 import typer
 
+from medray.choices import DType
 from medray.console import command_console, fail, terminal
 
 model_app = typer.Typer(rich_markup_mode=None,
                         help="Base models: build the tiny offline CPU model.",
                         no_args_is_help=True)
-
-
-class DType(StrEnum):
-    fp32 = "fp32"
-    bf16 = "bf16"
-    fp16 = "fp16"
 
 
 def _fail(msg: str) -> None:
