@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import typer
 
-    from medray.eval.run_commands import eval_cmd
+    from medray.cli.eval import eval_cmd
 
     try:
         eval_cmd(Path(args.config), Path(args.output), address=args.address or None)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from medray.datasets import NAMES as DATASET_NAMES
+
 
 class MetricMode(StrEnum):
     medqaro = "medqaro"
@@ -40,10 +42,8 @@ class OptMode(StrEnum):
     min = "min"
 
 
-class Dataset(StrEnum):
-    medqaro = "medqaro"
-    robiology = "robiology"
-    europemedqa = "europemedqa"
+# The benchmarks of medray.datasets: a new DatasetSpec is a new choice.
+Dataset = StrEnum("Dataset", {name: name for name in DATASET_NAMES})
 
 
 class Scale(StrEnum):

@@ -189,21 +189,29 @@ def europemedqa_prompt(
     return ChatPrompt(system=system, user=user)
 
 
-def mcq_prompt(example: Mapping[str, Any], shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
-    """Dispatch on the unified multiple-choice example's dataset.
+def europemedqa_item_prompt(example: Mapping[str, Any],
+                            shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
+    """A prepared EuropeMedQA item. The multi-answer variant is chosen by the item's kind
+    (France's subset is "multiple"), never by its key, so the prompt does not leak how many
+    options are correct."""
+    if shots:
+        raise ValueError("the EuropeMedQA protocol uses no in-context examples")
+    meta = example.get("meta") or {}
+    if isinstance(meta, str):
+        meta = json.loads(meta)
+    question_id = meta.get("original_id") or str(example["id"])
+    return europemedqa_prompt(question_id, example["question"], list(example["options"]),
+                              multi=example["kind"] == "multiple")
 
-    The multi-answer variant is chosen by the item's kind (France's subset is "multiple"),
-    never by its key, so the prompt does not leak how many options are correct.
-    """
-    options = list(example["options"])
-    if example["dataset"] == "europemedqa":
-        if shots:
-            raise ValueError("the EuropeMedQA protocol uses no in-context examples")
-        meta = example.get("meta") or {}
-        if isinstance(meta, str):
-            meta = json.loads(meta)
-        question_id = meta.get("original_id") or str(example["id"])
-        return europemedqa_prompt(
-            question_id, example["question"], options, multi=example["kind"] == "multiple"
-        )
-    return robiology_prompt(example["question"], options, example["kind"], shots)
+
+def robiology_item_prompt(example: Mapping[str, Any],
+                          shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
+    """A prepared RoBiology item (Appendix B prompt of its kind)."""
+    return robiology_prompt(example["question"], list(example["options"]), example["kind"], shots)
+
+
+def mcq_prompt(example: Mapping[str, Any], shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
+    """The prompt of a multiple-choice item, by its dataset's DatasetSpec."""
+    from medray.datasets import dataset_spec
+
+    return dataset_spec(str(example["dataset"])).prompt_fn()(example, shots)

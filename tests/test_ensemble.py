@@ -10,8 +10,9 @@ from typer.testing import CliRunner
 
 from medray.cli import app
 from medray.data.prepared import load_prepared
+from medray.eval.config import engine_config
 from medray.eval.ensemble import TIE_RULE, majority_vote, vote
-from medray.eval.mcq_run import run_mcq
+from medray.eval.runner import run_eval
 from medray.prompts import format_question_text
 
 
@@ -51,20 +52,23 @@ def test_majority_vote_row(robiology_prepared, tmp_path):
     runs = []
     for n, bad in enumerate(specs):
         out = tmp_path / f"run{n}"
-        run_mcq(engine_for(bad, junk if n == 2 else ()), items, data.examples, out)
+        run_eval(engine_config("hf:scripted", robiology_prepared), out,
+                 engine=engine_for(bad, junk if n == 2 else ()))
         runs.append(out)
     m = majority_vote(runs, robiology_prepared, tmp_path / "ens")
     assert m["row"] == "ensemble: majority vote of 3 runs" and m["tie_rule"] == TIE_RULE
     # items in the last third: runs 0 and 1 both right (2 votes) -> right.
     # first third: run 0 wrong, runs 1 and 2 right -> right; second third likewise.
-    assert m["metrics"]["accuracy"]["mean"] == 1.0 and m["n"] == len(ids)
+    score = m["metrics"]["mcq"]  # the same metrics.json schema as `medray eval`
+    assert score["metrics"]["accuracy"]["mean"] == 1.0 and score["n"] == len(ids)
     rows = [json.loads(x) for x in (tmp_path / "ens" / "predictions.jsonl").read_text().split("\n")
             if x]
     assert {r["engine"] for r in rows} == {"ensemble"} and len(rows) == len(ids)
     # with only runs 0 and 1, items in their wrong thirds tie 1:1 -> run 0's answer wins
     m2 = majority_vote(runs[:2], robiology_prepared, tmp_path / "ens2")
     assert m2["n_ties"] == 2 * third
-    assert m2["metrics"]["accuracy"]["mean"] == pytest.approx((len(ids) - third) / len(ids))
+    assert m2["metrics"]["mcq"]["metrics"]["accuracy"]["mean"] == pytest.approx(
+        (len(ids) - third) / len(ids))
     with pytest.raises(ValueError, match="at least 2"):
         majority_vote(runs[:1], robiology_prepared, tmp_path / "ens3")
     # the same through the CLI

@@ -64,11 +64,11 @@ def test_with_flag_runs_and_records_decision_key_never_written(medqaro_prepared,
         assert "F1" in result.output and "bootstrap over patients" in result.output
         assert "seeded sample 4 of" in result.output and "prompt: qea" in result.output
     metrics = json.loads((out / "metrics.json").read_text())
-    run = json.loads((out / "run.json").read_text())
-    for record in (metrics["governance"], run["governance"]):
-        assert record["allow_external_api"] is True and record["clinical_data"] is True
-        assert record["flag_required"] is True
-    assert metrics["n"] == 4 and metrics["usage"]["calls"] == 4
+    config = json.loads((out / "config.json").read_text())
+    record = metrics["governance"]
+    assert record["allow_external_api"] is True and record["clinical_data"] is True
+    assert record["flag_required"] is True and config["allow_external_api"] is True
+    assert metrics["metrics"]["medqaro"]["n"] == 4 and metrics["usage"]["calls"] == 4
     lines = (out / "predictions.jsonl").read_text().splitlines()
     assert len(lines) == 4 and all(json.loads(x)["prediction"] == "Nu" for x in lines)
     # the full epicrisis was sent (no trimming for API models) ...

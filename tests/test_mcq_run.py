@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 from medray.cli import app
 from medray.data.prepared import load_prepared
 from medray.data.schema import GROUP_CODES
-from medray.eval.api_eval import run_external_eval
-from medray.eval.mcq_run import answer_text, mcq_metrics, run_mcq
+from medray.eval.config import engine_config
+from medray.eval.mcq import answer_text
+from medray.eval.runner import run_eval
 from medray.prompts import format_question_text
 
 
@@ -24,6 +25,17 @@ from medray.prompts import format_question_text
 def _keys(monkeypatch):
     monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-test-mcq")
     monkeypatch.setenv("OPENAI_API_KEY", "sk-test-mcq")
+
+
+def run_external_eval(engine, data_dir, output, *, base_url=None, cache=None, injected=None,
+                      **fields):
+    """`medray eval --engine ENGINE --data DIR` as a Python call (the same config)."""
+    cfg = engine_config(engine, data_dir, base_url=base_url, cache=cache, **fields)
+    return run_eval(cfg, output, engine=injected)
+
+
+def _mcq(summary):
+    return summary["metrics"]["mcq"]
 
 
 def _gold(data_dir):
@@ -56,8 +68,8 @@ def test_text_only_engine_skips_images_counts_nonconforming_exact_accuracy(
         return f"{item_id}: " + ",".join(key)
 
     engine = ScriptedEngine(answer, option_logprob=lambda p, c: -len(c))
-    counts = run_mcq(engine, items, data.examples, tmp_path)
-    m = mcq_metrics(items, tmp_path, skipped_images=counts["skipped_images"])
+    m = _mcq(run_external_eval("hf:scripted", europemedqa_prepared, tmp_path / "run",
+                               injected=engine))
     with_images = {i for i, im in zip(items["id"], items["images"], strict=True) if len(im)}
     asked = [i for i in ids if i not in with_images]
     assert m["n_skipped_images"] == len(with_images) == 6 and len(engine.prompts) == len(asked)
@@ -90,18 +102,43 @@ def test_question_id_prefix_rules():
 def test_resume_after_crash_asks_only_missing_items(robiology_prepared, tmp_path):
     data = load_prepared(robiology_prepared)
     items = data.split("test")
+    out = tmp_path / "run"
     crashing = ScriptedEngine(lambda p: "A", fail_after=16)  # dies in the 2nd batch
     with pytest.raises(RuntimeError, match="scripted crash"):
-        run_mcq(crashing, items, data.examples, tmp_path)
-    done = (tmp_path / "predictions.jsonl").read_text().splitlines()
-    assert len(done) == 16
-    with (tmp_path / "predictions.jsonl").open("a") as f:
+        run_external_eval("hf:scripted", robiology_prepared, out, injected=crashing)
+    done = (out / "predictions.jsonl").read_text().splitlines()
+    assert len(done) == 16 and not (out / "metrics.json").exists()
+    with (out / "predictions.jsonl").open("a") as f:
         f.write('{"id": "trunc')  # a line cut by the crash
     engine = ScriptedEngine(lambda p: "A")
-    counts = run_mcq(engine, items, data.examples, tmp_path)
-    assert counts["already_done"] == 16 and len(engine.prompts) == len(items) - 16
-    rows = [json.loads(x) for x in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    m = run_external_eval("hf:scripted", robiology_prepared, out, injected=engine)
+    assert m["requests"]["resumed"] == 16 and len(engine.prompts) == len(items) - 16
+    rows = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in rows) == sorted(items["id"])  # each id once, none lost
+
+
+def test_resume_with_a_different_config_is_an_error_naming_the_keys(robiology_prepared,
+                                                                    tmp_path):
+    out = tmp_path / "run"
+    run_external_eval("hf:scripted", robiology_prepared, out, sample=10,
+                      injected=ScriptedEngine(lambda p: "A"))
+    config = (out / "config.json").read_text()
+    engine = ScriptedEngine(lambda p: "A")
+    with pytest.raises(ValueError, match="different run") as err:
+        run_external_eval("hf:scripted", robiology_prepared, out, sample=12, shots=1,
+                          injected=engine)
+    assert "sample: 10 -> 12" in str(err.value) and "shots: 0 -> 1" in str(err.value)
+    assert "config.json" in str(err.value)
+    assert engine.prompts == [] and (out / "config.json").read_text() == config
+    # settings of how a run executes (not what it computes) may change on resume
+    again = run_external_eval("hf:scripted", robiology_prepared, out, sample=10,
+                              concurrency=8, injected=engine)
+    assert again["requests"]["requested"] == 0 and engine.prompts == []
+    # the same through the CLI: exit 2, the differing key named, nothing asked
+    result = CliRunner().invoke(app, [
+        "eval", "--engine", "openai:gpt-4o-mini", "--data", str(robiology_prepared),
+        "--output", str(out), "--sample", "10"])
+    assert result.exit_code == 2 and "engine.kind: 'hf' -> 'openai'" in result.output
 
 
 def test_robiology_shots_and_group_as_multiple_through_anthropic(robiology_prepared, tmp_path):
@@ -115,9 +152,10 @@ def test_robiology_shots_and_group_as_multiple_through_anthropic(robiology_prepa
         return "".join(key)
 
     with FakeAnthropic(responder=respond) as server:
-        m = run_external_eval("anthropic:claude-3-5-haiku-20241022", robiology_prepared,
-                              tmp_path / "run", base_url=server.url, shots=3,
-                              group_as_multiple=True, cache=tmp_path / "c.sqlite")
+        full = run_external_eval("anthropic:claude-3-5-haiku-20241022", robiology_prepared,
+                                 tmp_path / "run", base_url=server.url, shots=3,
+                                 group_as_multiple=True, cache=tmp_path / "c.sqlite")
+        m = _mcq(full)
         assert m["metrics"]["accuracy"]["mean"] == 1.0 and m["n_nonconforming"] == 0
         assert set(m["per_kind"]) == {"single", "group", "multiple"}
         systems = [b["system"] for b in server.bodies]
@@ -131,7 +169,7 @@ def test_robiology_shots_and_group_as_multiple_through_anthropic(robiology_prepa
                                   tmp_path / "run2", base_url=server.url, shots=3,
                                   group_as_multiple=True, cache=tmp_path / "c.sqlite")
         assert server.calls == calls and again["usage"]["calls"] == 0
-        assert again["metrics"] == m["metrics"]
+        assert _mcq(again)["metrics"] == m["metrics"]
 
 
 def test_api_engine_gets_images_in_order_and_resumed_run_makes_no_calls(
@@ -140,7 +178,7 @@ def test_api_engine_gets_images_in_order_and_resumed_run_makes_no_calls(
     two = data.examples[data.examples["images"].map(len) == 2].iloc[0]
     with FakeAnthropic(responder=lambda b: "A") as server:
         kw = dict(base_url=server.url, cache=tmp_path / "c.sqlite")
-        m = run_external_eval("anthropic:m", europemedqa_prepared, tmp_path / "run", **kw)
+        m = _mcq(run_external_eval("anthropic:m", europemedqa_prepared, tmp_path / "run", **kw))
         assert m["n_skipped_images"] == 0 and m["n"] == len(data.examples)
         body = next(b for b in server.bodies
                     if f"QuestionID: {json.loads(two['meta'])['original_id']}"
@@ -150,7 +188,7 @@ def test_api_engine_gets_images_in_order_and_resumed_run_makes_no_calls(
         assert set(m["by"]["modality"]) == {"text_only", "with_images"}
         calls = server.calls
         m2 = run_external_eval("anthropic:m", europemedqa_prepared, tmp_path / "run", **kw)
-        assert server.calls == calls and m2["calls"]["asked_this_run"] == 0
+        assert server.calls == calls and m2["requests"]["requested"] == 0
     with pytest.raises(ValueError, match="different run"):
         run_external_eval("anthropic:other", europemedqa_prepared, tmp_path / "run", **kw)
 
@@ -202,9 +240,10 @@ def test_translation_pipeline_preserves_ids_and_is_cached(europemedqa_prepared, 
     from medray.eval.translate import language_table
 
     for name, d in (("orig", europemedqa_prepared), ("en", tmp_path / "en")):
-        run_external_eval("hf:unused", d, tmp_path / name,
-                          engine=ScriptedEngine(lambda p: "A"))
-    table = language_table([tmp_path / "orig", tmp_path / "en"])
+        run_external_eval("hf:unused", d, tmp_path / f"run-{name}",
+                          injected=ScriptedEngine(lambda p: "A"))
+    # (a run folder never goes inside its input: the runs lie beside the datasets)
+    table = language_table([tmp_path / "run-orig", tmp_path / "run-en"])
     assert table[0]["languages"] == ["es", "fr", "it", "pt"] and table[1]["languages"] == ["en"]
     assert table[0]["n"] == table[1]["n"] and table[0]["n_skipped_images"] == 6
     assert table[0]["text_only"] is not None and table[0]["with_images"] is None
@@ -233,7 +272,8 @@ def test_real_europemedqa_slice_with_tiny_local_model(shared_data, tiny_model, t
         "--output", str(tmp_path / "run"), "--sample", "30", "--seed", "0"])
     assert result.exit_code == 0, result.output
     print(result.output)  # the report a user sees (pytest -rP shows it)
-    m = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    saved = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    m = {**saved, **_mcq(saved)}  # the run's record and its multiple-choice score
     lines = result.output.splitlines()
     assert (f"hf:{tiny_model} on europemedqa split test, n=30 (seeded sample 30 of 1060, "
             "seed 0); prompt: mcq prompt per kind (europemedqa), 0-shot") in result.output

@@ -57,3 +57,50 @@ def test_report_tables_and_plots(ray_session, medqaro_prepared, tmp_path):
     (tmp_path / "empty").mkdir()
     res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--out", str(out)])
     assert res.exit_code == 2 and "metrics.json" in res.output
+
+
+def test_report_mixes_generative_and_mcq_runs_of_every_path(tiny_model, medqaro_prepared,
+                                                            europemedqa_prepared, tmp_path):
+    """One table over an `--engine hf:` EuropeMedQA run, a `--config` MedQARo run (the same
+    in-process transformers engine, through the config) and a baseline: every engine writes
+    the same run folder. Heavy (torch, tiny model): run under flock; ~40 s."""
+    runs = {"emq-hf": tmp_path / "emq-hf", "medqaro-hf": tmp_path / "medqaro-hf",
+            "emq-random": tmp_path / "emq-random"}
+    res = CliRunner().invoke(app, [
+        "eval", "--engine", f"hf:{tiny_model}", "--data", str(europemedqa_prepared),
+        "--output", str(runs["emq-hf"]), "--sample", "8"])
+    assert res.exit_code == 0, res.output
+    for name, data, engine, extra in [
+        ("medqaro-hf", medqaro_prepared, {"kind": "hf", "model": str(tiny_model)},
+         {"limit": 6, "context_tokens": 128}),
+        ("emq-random", europemedqa_prepared, {"kind": "baseline", "baseline": "random"}, {}),
+    ]:
+        cfg = tmp_path / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump({"data": str(data), "engine": engine, **extra,
+                                       "score": {"resamples": 20, "wordnet": False}}))
+        res = CliRunner().invoke(app, ["eval", "-c", str(cfg), "-o", str(runs[name])])
+        assert res.exit_code == 0, res.output
+    for run in runs.values():  # one config.json / predictions.jsonl / metrics.json format
+        assert {p.name for p in run.iterdir()} >= {"config.json", "predictions.jsonl",
+                                                   "metrics.json"}
+        saved = json.loads((run / "metrics.json").read_text())
+        assert set(saved) >= {"run", "requests", "metrics"}
+        assert saved["run"]["n"] == saved["requests"]["selected"]
+
+    out = tmp_path / "report"
+    res = CliRunner().invoke(app, ["report", *map(str, runs.values()), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    csv = pd.read_csv(out / "results.csv").set_index("run")
+    assert set(csv.index) == set(runs)
+    assert csv.loc["emq-hf", "kind"] == "mcq" and csv.loc["medqaro-hf", "kind"] == "generative"
+    assert csv.loc["emq-hf", "n"] == 8 and csv.loc["medqaro-hf", "n"] == 6
+    assert csv.loc["medqaro-hf", "context_tokens"] == 128
+    for name in runs:
+        metrics = json.loads((runs[name] / "metrics.json").read_text())["metrics"]
+        score = metrics.get("medqaro") or metrics["mcq"]
+        metric = "f1" if name == "medqaro-hf" else "accuracy"
+        assert csv.loc[name, metric] == score["metrics"][metric]["mean"]
+    md = (out / "results.md").read_text()
+    table = md.split("\n## ")[0]
+    assert table.count("| europemedqa |") == 2 and table.count("| medqaro |") == 1
+    assert "| f1 |" in table and "| accuracy |" in table

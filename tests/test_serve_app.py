@@ -137,11 +137,46 @@ def test_mcq(client):
                     {"label": "C", "text": "lizozomul"}, {"label": "D", "text": "nucleul"}]})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert set(body) == {"answer", "conforming", "raw"}
+    assert set(body) == {"answer", "conforming", "raw", "prompt_tokens"}
     assert isinstance(body["raw"], str)
     # A random tiny model rarely conforms; when it does, the letters are valid options.
     assert body["conforming"] == bool(body["answer"])
     assert set(body["answer"]) <= set("ABCD")
+
+
+def test_europemedqa_item_through_serve_gets_its_strict_prompt(client, serve_app,
+                                                                europemedqa_prepared):
+    """The route renders with the eval runner's MCQ module: a EuropeMedQA item gets the
+    protocol's strict system/user prompt (with its question id), not RoBiology's."""
+    from transformers import AutoTokenizer
+
+    from medray.data.prepared import load_prepared
+    from medray.engines.serve import ServeEngine
+    from medray.eval import mcq
+
+    url, key, cfg = serve_app
+    tok = AutoTokenizer.from_pretrained(cfg.model)
+    row = load_prepared(europemedqa_prepared).split("test").iloc[0]
+    item = mcq.example_dict(row)
+    strict = mcq.render(item)
+    assert strict.system.startswith("You are answering a medical examination question")
+    assert f"QuestionID: {mcq.question_id(item)}" in strict.user
+
+    def n_tokens(prompt):
+        return len(tok.encode(mcq.prompt_text(prompt, tok), add_special_tokens=False))
+
+    as_biology = mcq.render({**item, "dataset": "robiology", "kind": "single"})
+    assert n_tokens(strict) != n_tokens(as_biology)
+    engine = ServeEngine(url, api_key=key)
+    res = engine.mcq(item)  # the eval runner's call: the prepared item, with its dataset
+    assert res["prompt_tokens"] == n_tokens(strict)
+    _, labels, conforming = mcq.read_answer(res["raw"], item)  # read as the route reads it
+    assert (res["answer"], res["conforming"]) == (list(labels), conforming)
+    engine.close()
+    # the protocol's prompt shows the question id: without one the request is refused
+    r = client.post("/v1/mcq", json={"question": "q", "options": OPTS,
+                                     "dataset": "europemedqa"})
+    assert "question_id" in _is_error(r, 422)["message"]
 
 
 def test_chat_completions(client):

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from medray.data.synth_mcq import write_europemedqa, write_robiology
 from medray.data.synth_medqaro import SCALES, write_medqaro
+from medray.datasets import DATASETS
 
-WRITERS = {"medqaro": write_medqaro, "robiology": write_robiology,
-           "europemedqa": write_europemedqa}
+# Each benchmark's generator, as its DatasetSpec names it.
+WRITERS = {name: spec.write_synthetic for name, spec in DATASETS.items()}
 
 __all__ = ["SCALES", "WRITERS", "write_europemedqa", "write_medqaro", "write_robiology"]

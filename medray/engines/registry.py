@@ -1,82 +1,190 @@
-"""Engine specs -> Engine instances: `openai:MODEL`, `anthropic:MODEL`, `hf:PATH`,
-`vllm:PATH`, `serve:URL`.
+"""Every engine medray can evaluate with, as plain data, and the one `EngineSpec` naming one.
 
-Local engines live in modules written elsewhere (hf.py, vllm.py, serve.py) and are imported
-only when asked for, so parsing a spec or building an API engine never pulls in torch/vLLM.
+`ENGINES[kind]` says where the engine class lives (imported only when built, so parsing a
+spec never pulls in torch or vLLM), whether it is a third-party provider (governance), how
+the eval runner executes it (a pool of Ray actors or in-process) and which spec fields it
+takes. Adding an engine is one entry here plus its module.
+
+The CLI shorthand `KIND:TARGET` (`openai:gpt-4o-mini`, `hf:PATH`, `serve:URL`, ...) parses
+into the same EngineSpec an eval config's `engine:` block gives.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-API_PROVIDERS = ("openai", "anthropic")
-LOCAL_PROVIDERS = ("hf", "vllm", "serve")
-PROVIDERS = API_PROVIDERS + LOCAL_PROVIDERS
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-# provider -> (module, class names tried in order)
-_LOCAL_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "hf": ("medray.engines.hf", ("HFEngine", "HfEngine", "TransformersEngine")),
-    "vllm": ("medray.engines.vllm", ("VLLMEngine",)),
-    "serve": ("medray.engines.serve", ("ServeEngine", "HTTPEngine")),
+
+@dataclass(frozen=True)
+class EngineEntry:
+    target: str  # the spec field KIND:TARGET fills: model, url or baseline
+    executor: Literal["ray", "local"]  # Ray actor pool, or in the driver process
+    module: str | None = None  # None: answered without a model (baselines)
+    cls: str = ""
+    external: bool = False  # a third-party provider's SDK (governance: clinical text opt-in)
+
+
+ENGINES: dict[str, EngineEntry] = {
+    "serve": EngineEntry("url", "ray", "medray.engines.serve", "ServeEngine"),
+    "vllm": EngineEntry("model", "ray", "medray.engines.vllm", "VLLMEngine"),
+    "hf": EngineEntry("model", "local", "medray.engines.hf", "HFEngine"),
+    "openai": EngineEntry("model", "local", "medray.engines.openai", "OpenAIEngine",
+                          external=True),
+    "anthropic": EngineEntry("model", "local", "medray.engines.anthropic", "AnthropicEngine",
+                             external=True),
+    "baseline": EngineEntry("baseline", "local"),
 }
+KINDS = tuple(ENGINES)
+API_PROVIDERS = tuple(k for k, e in ENGINES.items() if e.external)
 
 
 class EngineSpecError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class EngineSpec:
-    provider: str
-    target: str  # model name (API), path (hf/vllm) or URL (serve)
+class EngineSpec(BaseModel):
+    """Who answers, and how it is reached or loaded."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["serve", "vllm", "hf", "openai", "anthropic", "baseline"]
+    url: str | None = None  # serve: http://127.0.0.1:8000
+    # serve: MEDRAY_API_KEY; API engines: OPENAI_API_KEY / ANTHROPIC_API_KEY
+    api_key_env: str | None = None
+    model: str | None = None  # vllm/hf: path or hub id; API: model name; serve: served id
+    adapter: str | None = None  # serve: adapter name; vllm/hf: PEFT adapter path
+    baseline: Literal["majority", "random-token", "random"] | None = None
+    tokens: int = 1024  # random-token budget N
+    tokenizer: str | None = None  # random-token: HF tokenizer path (default whitespace)
+    seed: int = 0
+    max_model_len: int = 2048
+    timeout_s: float = 300.0
+    # vllm: where each evaluation actor runs its engine. On gpu an actor reserves
+    # tensor_parallel_size GPUs from Ray (Ray does not hide GPUs from actors that ask for
+    # none, so two zero-GPU actors on a node would both start on cuda:0).
+    device: Literal["cpu", "gpu"] = "cpu"
+    tensor_parallel_size: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
+    enable_prefix_caching: bool | None = None  # None: vLLM's default
+    # API engines
+    base_url: str | None = None
+    concurrency: int = Field(4, ge=1)
+    requests_per_minute: float | None = None
+    max_retries: int = Field(5, ge=0)
+    params: dict[str, Any] = Field(default_factory=dict)  # extra request fields
+
+    @model_validator(mode="after")
+    def _needs(self) -> EngineSpec:
+        field = ENGINES[self.kind].target
+        if not getattr(self, field):
+            raise ValueError(f"engine.kind={self.kind} needs engine.{field}")
+        if self.device == "cpu" and self.tensor_parallel_size > 1:
+            raise ValueError("engine.tensor_parallel_size > 1 needs engine.device=gpu")
+        return self
+
+    @property
+    def entry(self) -> EngineEntry:
+        return ENGINES[self.kind]
 
     @property
     def external(self) -> bool:
         """Sent through a third-party provider's SDK: governance treats it as external
         whatever its base URL (a local URL may still be a proxy to the provider)."""
-        return self.provider in API_PROVIDERS
+        return self.entry.external
+
+    @property
+    def provider(self) -> str:
+        return self.kind
+
+    @property
+    def target(self) -> str:
+        return str(getattr(self, self.entry.target))
+
+    @property
+    def label(self) -> str:
+        """The model column of reports: the baseline, the model, or Serve's default id."""
+        if self.kind == "baseline":
+            return str(self.baseline)
+        return str(self.model or "medray")
 
     def __str__(self) -> str:
-        return f"{self.provider}:{self.target}"
+        return f"{self.kind}:{self.target}"
+
+    def vllm_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of the in-process vLLM engine (medray.engines.vllm)."""
+        kwargs: dict[str, Any] = {"max_model_len": self.max_model_len,
+                                  "enable_prefix_caching": self.enable_prefix_caching}
+        if self.device == "gpu":
+            kwargs.update(tensor_parallel_size=self.tensor_parallel_size,
+                          gpu_memory_utilization=self.gpu_memory_utilization)
+            if self.tensor_parallel_size > 1:
+                # Worker processes inside the actor, on the GPUs Ray gave it (not a Ray
+                # placement group of its own).
+                kwargs["distributed_executor_backend"] = "mp"
+        return kwargs
+
+    def actor_options(self) -> dict[str, Any]:
+        """What one evaluation actor asks Ray for."""
+        if self.kind != "vllm":
+            return {"num_cpus": 0.25}  # HTTP clients and baselines barely use a CPU
+        if self.device == "gpu":
+            return {"num_cpus": 1, "num_gpus": self.tensor_parallel_size}
+        return {"num_cpus": 1}  # vLLM on CPU needs its core
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        """Constructor keywords of the engine class, from the spec's fields."""
+        if self.kind == "serve":
+            return {"api_key_env": self.api_key_env or "MEDRAY_API_KEY",
+                    "model": self.model or "medray", "adapter": self.adapter,
+                    "timeout": self.timeout_s}
+        if self.kind == "vllm":
+            return {"adapter": self.adapter, **self.vllm_kwargs()}
+        if self.kind == "hf":
+            return {"adapter": self.adapter}
+        if self.external:
+            return {"base_url": self.base_url, "api_key_env": self.api_key_env,
+                    "concurrency": self.concurrency,
+                    "requests_per_minute": self.requests_per_minute,
+                    "max_retries": self.max_retries, "timeout": self.timeout_s,
+                    "params": dict(self.params)}
+        return {}
 
 
-def parse_spec(spec: str) -> EngineSpec:
-    provider, sep, target = spec.partition(":")
-    provider = provider.strip().lower()
+def parse_spec(spec: str, **fields: Any) -> EngineSpec:
+    """`KIND:TARGET` (+ other EngineSpec fields) -> EngineSpec."""
+    kind, sep, target = spec.partition(":")
+    kind = kind.strip().lower()
     if not sep or not target.strip():
-        raise EngineSpecError(f"engine spec {spec!r}: expected PROVIDER:TARGET, e.g. "
+        raise EngineSpecError(f"engine spec {spec!r}: expected KIND:TARGET, e.g. "
                               "openai:gpt-4o-mini, anthropic:claude-3-5-haiku-20241022, "
-                              "hf:PATH, vllm:PATH, serve:URL")
-    if provider not in PROVIDERS:
-        raise EngineSpecError(f"engine spec {spec!r}: unknown provider {provider!r}; "
-                              f"expected one of {', '.join(PROVIDERS)}")
-    return EngineSpec(provider, target.strip())
+                              "hf:PATH, vllm:PATH, serve:URL, baseline:majority")
+    if kind not in ENGINES:
+        raise EngineSpecError(f"engine spec {spec!r}: unknown kind {kind!r}; "
+                              f"expected one of {', '.join(KINDS)}")
+    from pydantic import ValidationError
 
-
-def build_engine(spec: str | EngineSpec, *, base_url: str | None = None,
-                 cache: str | Path | None = None, **kwargs: Any) -> Any:
-    """Build the engine; `base_url` and `cache` apply to the API engines only."""
-    parsed = parse_spec(spec) if isinstance(spec, str) else spec
-    if parsed.provider == "openai":
-        from medray.engines.openai import OpenAIEngine
-
-        return OpenAIEngine(parsed.target, base_url=base_url, cache=cache, **kwargs)
-    if parsed.provider == "anthropic":
-        from medray.engines.anthropic import AnthropicEngine
-
-        return AnthropicEngine(parsed.target, base_url=base_url, cache=cache, **kwargs)
-    module_name, class_names = _LOCAL_CLASSES[parsed.provider]
     try:
-        module = importlib.import_module(module_name)
+        return EngineSpec.model_validate(
+            {**fields, "kind": kind, ENGINES[kind].target: target.strip()})
+    except ValidationError as err:
+        msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'engine'}: {e['msg']}"
+                         for e in err.errors())
+        raise EngineSpecError(f"engine spec {spec!r}: {msgs}") from None
+
+
+def build_engine(spec: str | EngineSpec, **kwargs: Any) -> Any:
+    """The engine object; `kwargs` (e.g. cache, api_key, temperature) override the spec's."""
+    parsed = parse_spec(spec) if isinstance(spec, str) else spec
+    entry = parsed.entry
+    if entry.module is None:
+        raise EngineSpecError(f"engine {parsed}: answered without an engine object")
+    try:
+        module = importlib.import_module(entry.module)
     except ModuleNotFoundError as err:
         if err.name and err.name.startswith("medray"):
-            raise EngineSpecError(f"engine {parsed}: {module_name} is not available") from err
+            raise EngineSpecError(f"engine {parsed}: {entry.module} is not available") from err
         raise
-    for name in class_names:
-        cls = getattr(module, name, None)
-        if cls is not None:
-            return cls(parsed.target, **kwargs)
-    raise EngineSpecError(f"engine {parsed}: {module_name} defines none of {class_names}")
+    options = {k: v for k, v in parsed.engine_kwargs().items() if v is not None}
+    return getattr(module, entry.cls)(parsed.target, **{**options, **kwargs})

@@ -102,9 +102,23 @@ class ServeEngine:
         payload.update({k: v for k, v in options.items() if v is not None})
         return self._post("/v1/qa", payload)
 
-    def mcq(self, question: str, options: Sequence[dict], kind: str) -> dict[str, Any]:
-        return self._post("/v1/mcq", {"question": question, "options": list(options),
-                                      "kind": kind, "adapter": self.adapter})
+    def mcq(self, item: dict[str, Any], shots: Sequence[dict] = (),
+            max_new_tokens: int | None = None) -> dict[str, Any]:
+        """One prepared multiple-choice item through /v1/mcq (its dataset's prompt)."""
+        from medray.eval.mcq import question_id
+
+        payload: dict[str, Any] = {
+            "question": item["question"], "kind": item["kind"], "dataset": item["dataset"],
+            "options": [{"label": o["label"], "text": o["text"]} for o in item["options"]],
+            "shots": [{"question": s["question"], "answer": list(s["answer"]),
+                       "options": [{"label": o["label"], "text": o["text"]}
+                                   for o in s["options"]]} for s in shots],
+            "adapter": self.adapter}
+        if item["dataset"] == "europemedqa":
+            payload["question_id"] = question_id(item)
+        if max_new_tokens is not None:
+            payload["max_new_tokens"] = max_new_tokens
+        return self._post("/v1/mcq", payload)
 
     def healthy(self) -> bool:
         try:

@@ -1,126 +1,82 @@
-"""Evaluation actors: each holds one engine (HTTP client, in-process vLLM, or a baseline)
-and turns one example into one prediction row (the predictions-file contract).
+"""The Ray executor of evaluations: a pool of actors, each holding one `Predictor` (an HTTP
+client of Serve, an in-process vLLM engine, or a baseline), fed items with at most
+`max_in_flight` outstanding, least-loaded actor first. Rows come back to the driver, which
+writes them as they arrive.
 
-The actor class is plain Python; `runner.py` wraps it with `ray.remote` so it can also be
-unit-tested in-process.
+The actor class is plain Python; `worker_class` wraps it with `ray.remote` (so it can also
+be unit-tested in-process).
 """
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
-
-from medray.eval.config import EvalConfig
-
-PREDICTION_FIELDS = ("id", "prediction", "logprob", "n_tokens", "engine", "model", "adapter",
-                     "prompt_format", "context_tokens", "raw_output", "conforming")
 
 
 class EvalWorker:
-    def __init__(self, config: dict[str, Any], api_key: str | None = None) -> None:
+    def __init__(self, config: dict[str, Any], api_key: str | None = None,
+                 shots: Mapping[str, Sequence[dict]] | None = None, loglik: bool = False) -> None:
         from medray.data.prepared import load_prepared
+        from medray.eval.config import EvalConfig
+        from medray.eval.predict import Predictor
 
-        self.cfg = EvalConfig.model_validate(config)
-        self.data = load_prepared(self.cfg.data)  # each actor keeps the epicrises once
-        spec = self.cfg.engine
-        self.engine: Any = None
-        self._baseline: dict[str, dict] = {}
-        if spec.kind == "serve":
-            from medray.engines.serve import ServeEngine
-
-            # The key comes from the driver (actors do not see its environment).
-            self.engine = ServeEngine(spec.url or "", api_key=api_key,
-                                      api_key_env=spec.api_key_env,
-                                      model=spec.model or "medray", adapter=spec.adapter,
-                                      timeout=spec.timeout_s)
-        elif spec.kind == "vllm":
-            from medray.engines.vllm import VLLMEngine
-
-            self.engine = VLLMEngine(spec.model or "", adapter=spec.adapter,
-                                     **spec.vllm_kwargs())
-        else:
-            self._baseline = {row["id"]: row for row in self._baseline_rows()}
-
-    def _baseline_rows(self) -> list[dict]:
-        """Whole-split baseline rows, computed exactly as `medray baseline` does (one seeded
-        generator walks the split in table order), then served per item."""
-        from medray.eval import baselines as bl
-
-        spec, data = self.cfg.engine, self.data
-        examples = data.split(self.cfg.split)
-        if data.kind == "generative":
-            if spec.baseline == "majority":
-                return bl.majority_predictions(examples, bl.majority_answer(data.split("train")))
-            if spec.baseline == "random-token":
-                return bl.random_token_predictions(examples, data.context, spec.tokens,
-                                                   spec.seed, spec.tokenizer)
-        else:
-            if spec.baseline == "majority":
-                return bl.mcq_majority_predictions(examples, data.split("train"))
-            if spec.baseline == "random":
-                return bl.mcq_random_predictions(examples, spec.seed)
-        raise ValueError(f"baseline {spec.baseline!r} does not apply to {data.kind} data")
+        cfg = EvalConfig.model_validate(config)
+        data = load_prepared(cfg.data)  # each actor keeps the epicrises once
+        # The key comes from the driver (actors do not see its environment).
+        kwargs = {"api_key": api_key} if cfg.engine.kind == "serve" else {}
+        self.predictor = Predictor(cfg, data, shots=shots, loglik=loglik, **kwargs)
 
     def ready(self) -> bool:
         return True
 
     def predict(self, example: dict[str, Any]) -> dict[str, Any]:
         """One example (a row of the examples table) -> one predictions-file row."""
-        spec = self.cfg.engine
-        if spec.kind == "baseline":
-            return dict(self._baseline[str(example["id"])])
-        if self.data.kind == "generative":
-            row = self._generative(example)
-        else:
-            row = self._mcq(example)
-        row.update(id=str(example["id"]), engine=spec.kind, model=spec.label,
-                   adapter=spec.adapter)
-        return {k: row.get(k) for k in PREDICTION_FIELDS} | {
-            k: v for k, v in row.items() if k not in PREDICTION_FIELDS}
+        return self.predictor.predict([example])[0]
 
-    def _generative(self, ex: dict[str, Any]) -> dict[str, Any]:
-        cfg = self.cfg
-        context = self.data.context(ex["context_id"])
-        if cfg.engine.kind == "serve":
-            res = self.engine.qa(ex["question"], context, prompt_format=cfg.prompt_format,
-                                 context_tokens=cfg.context_tokens, strategy=cfg.strategy)
-            answer, logprob, raw = res["answer"], res["logprob"], res["answer"]
-            n_tokens = None
-        else:
-            from medray.strategies import run_strategy
+    def close(self) -> None:
+        self.predictor.close()
 
-            def generate(prompts: list[list[int]]):
-                return self.engine.generate(prompts, max_new_tokens=cfg.max_new_tokens)
 
-            res = run_strategy(generate, self.engine.tokenizer, ex["question"], context,
-                               strategy=cfg.strategy, fmt=cfg.prompt_format,
-                               context_tokens=cfg.context_tokens, reserve=cfg.max_new_tokens)
-            answer, logprob, raw, n_tokens = res.answer, res.logprob, res.raw, res.n_tokens
-        return {"prediction": answer, "logprob": logprob, "n_tokens": n_tokens,
-                "prompt_format": cfg.prompt_format, "context_tokens": cfg.context_tokens,
-                "raw_output": raw, "conforming": True, "strategy": cfg.strategy}
+def worker_class(cfg: Any, max_concurrency: int) -> Any:
+    """The evaluation actor class with its resource request (GPUs for vLLM on GPU)."""
+    import ray
 
-    def _mcq(self, ex: dict[str, Any]) -> dict[str, Any]:
-        options = [dict(o) for o in ex["options"]]
-        kind = str(ex["kind"])
-        if self.cfg.engine.kind == "serve":
-            res = self.engine.mcq(ex["question"], options, kind)
-            letters, conforming, raw = res["answer"], res["conforming"], res["raw"]
-        else:
-            from medray.eval.metrics.mcq import extract_answer
-            from medray.prompts import mcq_prompt
+    return ray.remote(**cfg.engine.actor_options(), max_concurrency=max_concurrency)(EvalWorker)
 
-            meta = ex.get("meta")
-            prompt = mcq_prompt({**ex, "options": options,
-                                 "meta": json.loads(meta) if isinstance(meta, str) else meta})
-            tok = self.engine.tokenizer
-            text = (tok.apply_chat_template(prompt.messages(), tokenize=False,
-                                            add_generation_prompt=True)
-                    if getattr(tok, "chat_template", None) else prompt.text)
-            raw = self.engine.generate([text], max_new_tokens=self.cfg.max_new_tokens)[0].text
-            valid = [o["label"] for o in options] if kind != "group" else list("ABCDE")
-            ext = extract_answer(raw, valid=valid, multi=kind == "multiple")
-            letters, conforming = list(ext.labels), ext.conforming
-        return {"prediction": "".join(letters), "logprob": None, "n_tokens": None,
-                "prompt_format": None, "context_tokens": None, "raw_output": raw,
-                "conforming": conforming}
+
+def run_pool(cfg: Any, pending: list[dict], write: Callable[[dict], None], *,
+             api_key: str | None = None, shots: Mapping[str, Sequence[dict]] | None = None,
+             loglik: bool = False) -> int:
+    """Send `pending` through `cfg.actors` actors; `write(row)` as each answer arrives.
+    Returns the number of requests made."""
+    import ray
+
+    n_actors = min(cfg.actors, len(pending))
+    # vLLM's offline engine is not thread-safe: two threads in one actor calling it at once
+    # abort the process, so an in-process vLLM actor takes one request at a time.
+    per_actor = 1 if cfg.engine.kind == "vllm" else max(1, -(-cfg.max_in_flight // n_actors))
+    worker_cls = worker_class(cfg, per_actor)
+    config = cfg.model_dump(mode="json")
+    actors = [worker_cls.remote(config, api_key, shots, loglik) for _ in range(n_actors)]
+    ray.get([a.ready.remote() for a in actors])
+    queue = list(reversed(pending))
+    in_flight: dict[Any, int] = {}
+    load = [0] * n_actors
+    requested = 0
+    try:
+        while queue or in_flight:
+            while queue and len(in_flight) < cfg.max_in_flight:
+                i = min(range(n_actors), key=load.__getitem__)  # least-loaded actor
+                in_flight[actors[i].predict.remote(queue.pop())] = i
+                load[i] += 1
+                requested += 1
+            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            for ref in ready:
+                load[in_flight.pop(ref)] -= 1
+                write(ray.get(ref))
+    finally:
+        for ref in in_flight:
+            ray.cancel(ref, force=False)
+        for a in actors:
+            ray.kill(a)
+    return requested

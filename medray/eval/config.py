@@ -1,4 +1,5 @@
-"""`medray eval --config X.yaml`: the evaluation run, validated with pydantic.
+"""`medray eval`: the evaluation run, validated with pydantic. `--config X.yaml` reads it;
+`--engine KIND:TARGET --data DIR` builds the same config from flags (`engine_config`).
 
 Example (served model; `MEDRAY_API_KEY` holds the bearer key)::
 
@@ -9,6 +10,8 @@ Example (served model; `MEDRAY_API_KEY` holds the bearer key)::
     #engine: {kind: vllm, model: M, device: gpu, tensor_parallel_size: 2,
     #         gpu_memory_utilization: 0.9, enable_prefix_caching: true}  # 2 GPUs per actor
     #engine: {kind: baseline, baseline: random-token, tokens: 1024, seed: 0}
+    #engine: {kind: hf, model: runs/demo/model}           # in-process transformers
+    #engine: {kind: openai, model: gpt-4o-mini}           # also anthropic (API key in env)
     prompt_format: qea
     context_tokens: 1024
     strategy: trim                  # trim | chunks | retrieve
@@ -23,70 +26,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from medray.engines.registry import EngineSpec, parse_spec
 
-class EngineSpec(BaseModel):
-    """Who answers: our Serve endpoint, an in-process vLLM engine, or a baseline."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Literal["serve", "vllm", "baseline"]
-    url: str | None = None  # serve: http://127.0.0.1:8000
-    api_key_env: str = "MEDRAY_API_KEY"  # serve: env var holding the bearer key
-    model: str | None = None  # vllm: model path; serve: the served model id
-    adapter: str | None = None  # serve: adapter name; vllm: PEFT adapter path
-    baseline: Literal["majority", "random-token", "random"] | None = None
-    tokens: int = 1024  # random-token budget N
-    tokenizer: str | None = None  # random-token: HF tokenizer path (default whitespace)
-    seed: int = 0
-    max_model_len: int = 2048
-    timeout_s: float = 300.0
-    # vllm: where each evaluation actor runs its engine. On gpu an actor reserves
-    # tensor_parallel_size GPUs from Ray (Ray does not hide GPUs from actors that ask for
-    # none, so two zero-GPU actors on a node would both start on cuda:0).
-    device: Literal["cpu", "gpu"] = "cpu"
-    tensor_parallel_size: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
-    enable_prefix_caching: bool | None = None  # None: vLLM's default
-
-    @model_validator(mode="after")
-    def _needs(self) -> EngineSpec:
-        if self.kind == "serve" and not self.url:
-            raise ValueError("engine.kind=serve needs engine.url")
-        if self.kind == "vllm" and not self.model:
-            raise ValueError("engine.kind=vllm needs engine.model (a path or hub id)")
-        if self.kind == "baseline" and not self.baseline:
-            raise ValueError("engine.kind=baseline needs engine.baseline")
-        if self.device == "cpu" and self.tensor_parallel_size > 1:
-            raise ValueError("engine.tensor_parallel_size > 1 needs engine.device=gpu")
-        return self
-
-    def vllm_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of the in-process vLLM engine (medray.engines.vllm)."""
-        kwargs: dict[str, Any] = {"max_model_len": self.max_model_len,
-                                  "enable_prefix_caching": self.enable_prefix_caching}
-        if self.device == "gpu":
-            kwargs.update(tensor_parallel_size=self.tensor_parallel_size,
-                          gpu_memory_utilization=self.gpu_memory_utilization)
-            if self.tensor_parallel_size > 1:
-                # Worker processes inside the actor, on the GPUs Ray gave it (not a Ray
-                # placement group of its own).
-                kwargs["distributed_executor_backend"] = "mp"
-        return kwargs
-
-    def actor_options(self) -> dict[str, Any]:
-        """What one evaluation actor asks Ray for."""
-        if self.kind != "vllm":
-            return {"num_cpus": 0.25}  # HTTP clients and baselines barely use a CPU
-        if self.device == "gpu":
-            return {"num_cpus": 1, "num_gpus": self.tensor_parallel_size}
-        return {"num_cpus": 1}  # vLLM on CPU needs its core
-
-    @property
-    def label(self) -> str:
-        if self.kind == "baseline":
-            return str(self.baseline)
-        return str(self.model or "medray")
+__all__ = ["EngineSpec", "EvalConfig", "ScoreSpec", "engine_config", "load_eval_config"]
 
 
 class ScoreSpec(BaseModel):
@@ -106,12 +50,51 @@ class EvalConfig(BaseModel):
     prompt_format: Literal["qea", "eqa"] = "qea"
     context_tokens: int = Field(1024, ge=16)
     strategy: Literal["trim", "chunks", "retrieve"] = "trim"
-    max_new_tokens: int = Field(10, ge=1)
+    max_new_tokens: int | None = Field(None, ge=1)  # None: the dataset's (per kind for MCQ)
+    shots: int = Field(0, ge=0)  # multiple choice: in-context examples per kind
+    group_as_multiple: bool = False  # ask group items as multiple choice over statements
+    loglik: bool | None = None  # MCQ option log-likelihood; None: engines that score options
+    sample: int | None = Field(None, ge=1)  # seeded random subset of N items (the papers')
+    seed: int = 0  # seed of `sample` and of the shots
+    limit: int | None = Field(None, ge=1)  # first N items of the split (smoke runs)
+    allow_external_api: bool = False  # clinical text to an external provider (opt-in)
+    cache: Path | None = None  # API response cache (default: see medray.eval.runner)
     actors: int = Field(2, ge=1)
     max_in_flight: int = Field(4, ge=1)  # requests outstanding across all actors
-    limit: int | None = Field(None, ge=1)  # first N items of the split (smoke runs)
     fine_tuned: bool | None = None  # for the report's "fine-tuned" column
     score: ScoreSpec = Field(default_factory=ScoreSpec)
+
+
+# Settings that change how the run is executed, not what it computes: a resume may change
+# them (more actors, a larger rate limit) without mixing two runs in one folder.
+EXECUTION_ONLY = ("actors", "max_in_flight", "cache", "engine.concurrency",
+                  "engine.requests_per_minute", "engine.max_retries", "engine.timeout_s")
+
+
+def engine_config(engine: str, data: str | Path, *, base_url: str | None = None,
+                  api_key_env: str | None = None, concurrency: int = 4,
+                  requests_per_minute: float | None = None, max_retries: int = 5,
+                  timeout: float = 60.0, params: dict[str, Any] | None = None,
+                  seed: int = 0, **fields: Any) -> EvalConfig:
+    """The config `medray eval --engine KIND:TARGET --data DIR ...` stands for. Raises
+    EngineSpecError or ValueError (naming the option) on a bad combination."""
+    extra = {"base_url": base_url, "concurrency": concurrency,
+             "requests_per_minute": requests_per_minute, "max_retries": max_retries,
+             "timeout_s": timeout, "params": params or {}}
+    spec = parse_spec(engine, api_key_env=api_key_env,
+                      **{k: v for k, v in extra.items() if v is not None})
+    by = ["question_type"]
+    if (Path(data) / "manifest.json").is_file():
+        import json
+
+        if json.loads((Path(data) / "manifest.json").read_text()).get("kind") == "mcq":
+            by = ["language", "modality"]
+    try:
+        return EvalConfig(data=Path(data), engine=spec, seed=seed,
+                          score=ScoreSpec(modes=["medqaro"], by=by, seed=seed), **fields)
+    except ValidationError as err:
+        raise ValueError("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}"
+                                   for e in err.errors())) from None
 
 
 def load_eval_config(path: str | Path) -> EvalConfig:

@@ -16,7 +16,9 @@ from pathlib import Path
 
 from medray.data.prepared import load_prepared
 from medray.eval import runio
-from medray.eval.mcq_run import example_dict, extract, mcq_metrics
+from medray.eval.config import ScoreSpec
+from medray.eval.finish import score_items
+from medray.eval.mcq import example_dict, extract
 
 TIE_RULE = "earliest listed run among the tied answers"
 
@@ -64,17 +66,24 @@ def majority_vote(run_dirs: Sequence[str | Path], data_dir: str | Path, out: str
         answers = [_labels(p[ex["id"]], ex) for p in runs]
         winner, tied = vote(answers)
         n_ties += tied
-        rows.append({"id": ex["id"], "prediction": "".join(winner or ()),
-                     "labels": list(winner or ()), "conforming": winner is not None,
-                     "engine": "ensemble", "model": "+".join(members), "adapter": None,
-                     "prompt_format": "majority-vote", "logprob": None, "n_tokens": 0,
-                     "context_tokens": None, "raw_output": None, "tied": tied,
-                     "votes": ["".join(a) if a else None for a in answers]})
+        rows.append(runio.prediction_row(
+            ex["id"], "".join(winner or ()), labels=list(winner or ()),
+            conforming=winner is not None, engine="ensemble", model="+".join(members),
+            prompt_format="majority-vote", n_tokens=0, raw_output=None, tied=tied,
+            votes=["".join(a) if a else None for a in answers]))
+        rows[-1]["raw_output"] = None  # nothing was generated
+    out.mkdir(parents=True, exist_ok=True)
     runio.write_jsonl_atomic(out / runio.PREDICTIONS, rows)  # recomputed whole
-    metrics = mcq_metrics(items, out, seed=seed)
-    metrics.update(row=f"ensemble: majority vote of {len(runs)} runs",
-                   members=[str(d) for d in run_dirs], member_models=members,
-                   tie_rule=TIE_RULE, n_ties=n_ties, dataset=data.dataset, split=split,
-                   engine="ensemble", model="+".join(members))
-    runio.write_json_atomic(out / runio.METRICS, metrics)
-    return metrics
+    metrics = score_items(data, data_dir, items, out, ScoreSpec(seed=seed), split=split)
+    row = f"ensemble: majority vote of {len(runs)} runs"
+    summary = {
+        "run": {"dataset": data.dataset, "kind": data.kind, "split": split,
+                "engine": "ensemble", "engine_spec": row, "model": "+".join(members),
+                "adapter": None, "fine_tuned": None, "prompt_format": "majority-vote",
+                "context_tokens": None, "strategy": None, "sample": None, "n": len(items),
+                "prompt": None},
+        "requests": None, "metrics": metrics, "row": row,
+        "members": [str(d) for d in run_dirs], "member_models": members,
+        "tie_rule": TIE_RULE, "n_ties": n_ties}
+    runio.write_json_atomic(out / runio.METRICS, summary)
+    return summary

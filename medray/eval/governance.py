@@ -3,16 +3,18 @@
 MedQARo holds real patients' epicrises: sending them to a paid API (openai:, anthropic:)
 requires `--allow-external-api`, checked BEFORE any engine is built or any call is made.
 Public exam data (RoBiology, EuropeMedQA) needs no flag. The decision is recorded in the
-run's outputs (`governance` in metrics.json and run.json).
+run's outputs (`governance` in metrics.json and config.json).
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
+from medray.datasets import DATASETS
 from medray.engines.registry import EngineSpec, parse_spec
 
-CLINICAL_DATASETS = frozenset({"medqaro"})
+# The datasets whose DatasetSpec says clinical text.
+CLINICAL_DATASETS = frozenset(name for name, spec in DATASETS.items() if spec.clinical)
 FLAG = "--allow-external-api"
 
 

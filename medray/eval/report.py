@@ -1,8 +1,10 @@
 """`medray report`: paper-style tables and plots from `medray eval` run directories.
 
-Tables (like MedQARo Tables 6-8): one row per run x split/domain with model, fine-tuned,
-context tokens, prompt format, strategy and F1 / EM / BLEU / METEOR (fractions, 95% CI);
-multiple-choice runs get accuracy per kind. Written as Markdown, CSV and LaTeX.
+Every run folder has the same metrics.json (medray/eval/finish.py), so generative and
+multiple-choice runs of any engine go in one table (like MedQARo Tables 6-8): one row per
+run x split/domain with dataset, model, fine-tuned, context tokens, prompt format, strategy
+and F1 / EM / BLEU / METEOR or accuracy / conforming rate (fractions, 95% CI). Written as
+Markdown, CSV and LaTeX.
 Plots: metric against context length per model; F1 per question type, runs side by side.
 """
 
@@ -31,9 +33,15 @@ def load_run(run_dir: Path) -> dict:
     if not path.is_file():
         raise ReportError(f"{run_dir}: no metrics.json (run `medray eval` first)")
     try:
-        return json.loads(path.read_text())
+        summary = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ReportError(f"{path}: not valid JSON ({err.msg}, line {err.lineno})") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("run"), dict) \
+            or not isinstance(summary.get("metrics"), dict) or not summary["metrics"]:
+        raise ReportError(f"{path}: not a `medray eval` metrics file (no 'run' record or "
+                          "no 'metrics'); rerun `medray eval` with this medray into a new "
+                          "--output")
+    return summary
 
 
 def _mean(block: dict, name: str) -> float | None:
@@ -50,14 +58,16 @@ def rows_from_runs(runs: Sequence[Path], mode: str = "medqaro") -> pd.DataFrame:
     rows = []
     for run_dir in runs:
         summary = load_run(run_dir)
-        run = summary["run"]
-        res = summary["metrics"].get(mode) or next(iter(summary["metrics"].values()))
+        run, scores = summary["run"], summary["metrics"]
+        res = scores.get(mode) or scores.get("mcq") or next(iter(scores.values()))
         kind = res.get("kind", "generative")
+        split = run.get("split")
         base = {
-            "run": Path(run_dir).name, "dataset": run["dataset"], "model": run["model"],
-            "fine_tuned": bool(run.get("fine_tuned")), "context_tokens": run["context_tokens"],
-            "prompt_format": run["prompt_format"], "strategy": run["strategy"],
-            "split": run["split"], "domain": DOMAIN.get(run["split"], run["split"]),
+            "run": Path(run_dir).name, "dataset": run.get("dataset"), "model": run.get("model"),
+            "engine": run.get("engine"), "fine_tuned": bool(run.get("fine_tuned")),
+            "context_tokens": run.get("context_tokens"),
+            "prompt_format": run.get("prompt_format"), "strategy": run.get("strategy"),
+            "split": split, "domain": DOMAIN.get(split, split),
             "n": res.get("n"), "mode": res.get("mode", mode), "kind": kind,
         }
         names = GEN if kind == "generative" else MCQ
@@ -115,9 +125,9 @@ def main_table(rows: pd.DataFrame) -> pd.DataFrame:
     overall = rows[rows.get("question_type", pd.Series(index=rows.index)).isna()].copy()
     metric_cols = [c for c in (*GEN, *MCQ) if c in overall and overall[c].notna().any()]
     bounds = [b for c in metric_cols for b in (f"{c}_lo", f"{c}_hi") if b in overall]
-    cols = ["model", "fine_tuned", "context_tokens", "prompt_format", "strategy", "split",
-            "domain", "n", *metric_cols, *bounds]
-    sort = ["split", "model", "fine_tuned", "context_tokens"]
+    cols = ["model", "fine_tuned", "context_tokens", "prompt_format", "strategy", "dataset",
+            "split", "domain", "n", *metric_cols, *bounds]
+    sort = ["dataset", "split", "model", "fine_tuned", "context_tokens"]
     return overall[cols].sort_values(sort, kind="stable").reset_index(drop=True)
 
 
@@ -130,6 +140,7 @@ def plot_context(rows: pd.DataFrame, out: Path, metric: str = "f1") -> Path | No
     overall = main_table(rows)
     if metric not in overall:
         return None
+    overall = overall[overall[metric].notna()]  # multiple-choice rows have no F1
     fig, ax = plt.subplots(figsize=(6, 4))
     for (model, ft, split), g in overall.groupby(["model", "fine_tuned", "split"]):
         g = g.sort_values("context_tokens")

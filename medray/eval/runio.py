@@ -1,68 +1,122 @@
-"""Run-directory I/O for evaluation runs: predictions appended as they arrive (resumable),
-run.json (the run's settings; a resume must match them), atomic JSON writes
-(re-exported from medray.fsutil)."""
+"""The run folder every `medray eval` writes, whatever the engine:
+
+OUT/config.json        the resolved eval config; a resume must give the same one
+OUT/predictions.jsonl  one `prediction_row` per item, appended (and fsynced) as answers
+                       arrive; a torn last line (a crash mid-write) is dropped on resume
+OUT/metrics.json       `{"run": how it was computed, "requests", "metrics": {mode: score}}`
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 # write_*_atomic live in medray.fsutil; re-exported for the evaluation modules.
 from medray.fsutil import (  # noqa: F401
     atomic_file,
+    check_output,
     claim_directory,
     write_json_atomic,
     write_jsonl_atomic,
 )
 
+CONFIG = "config.json"
 PREDICTIONS = "predictions.jsonl"
 METRICS = "metrics.json"
-RUN = "run.json"
-# Settings that define a run: resuming OUT with different ones would mix two runs.
-RUN_IDENTITY = ("engine", "dataset", "split", "shots", "sample", "seed",
-                "group_as_multiple", "task")
+# The fields every prediction row has, in this order (engine-specific extras follow).
+PREDICTION_FIELDS = ("id", "prediction", "logprob", "n_tokens", "engine", "model", "adapter",
+                     "prompt_format", "context_tokens", "raw_output", "conforming")
 
 
 class RunMismatch(ValueError):
     pass
 
 
-def meta_dict(meta: Any) -> dict:
-    if isinstance(meta, str):
-        return json.loads(meta) if meta else {}
-    return dict(meta or {})
+def prediction_row(example_id: str, prediction: str, *, engine: str, model: str | None,
+                   adapter: str | None = None, raw_output: str | None = None,
+                   conforming: bool = True, logprob: float | None = None,
+                   n_tokens: int | None = None, prompt_format: str | None = None,
+                   context_tokens: int | None = None, **extra: Any) -> dict[str, Any]:
+    """One predictions.jsonl row (readable by `medray score`)."""
+    row = {"id": str(example_id), "prediction": prediction, "logprob": logprob,
+           "n_tokens": n_tokens, "engine": engine, "model": model, "adapter": adapter,
+           "prompt_format": prompt_format, "context_tokens": context_tokens,
+           "raw_output": prediction if raw_output is None else raw_output,
+           "conforming": bool(conforming)}
+    return row | extra
 
 
-def check_run(out: str | Path, settings: dict) -> None:
-    """Write OUT/run.json, or check that an existing one describes the same run."""
-    path = Path(out) / RUN
-    if not path.is_file():
-        claim_directory(out, command="eval")
-    else:
-        old = json.loads(path.read_text())
-        diff = {k: (old.get(k), settings.get(k)) for k in RUN_IDENTITY
-                if old.get(k) != settings.get(k)}
+def _flat(d: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping) and v:
+            out.update(_flat(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def config_diff(old: Mapping[str, Any], new: Mapping[str, Any],
+                ignore: Sequence[str] = ()) -> dict[str, tuple[Any, Any]]:
+    """Dotted key -> (old, new) for every setting that differs."""
+    a, b = _flat(old), _flat(new)
+    return {k: (a.get(k), b.get(k)) for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and not any(k == i or k.startswith(i + ".") for i in ignore)}
+
+
+def open_run(out: str | Path, config: Mapping[str, Any], *, inputs: Sequence[str | Path] = (),
+             ignore: Sequence[str] = ()) -> None:
+    """Claim OUT and write config.json, or check that an existing one is the same run
+    (settings in `ignore` may change between sessions of one run)."""
+    path = Path(out) / CONFIG
+    check_output(out, inputs)  # a folder medray did not create is refused before reading it
+    if path.is_file():
+        try:
+            old = json.loads(path.read_text())
+        except json.JSONDecodeError as err:
+            raise RunMismatch(f"{path}: not valid JSON ({err.msg}); use another --output"
+                              ) from None
+        diff = config_diff(old, config, ignore)
         if diff:
             detail = ", ".join(f"{k}: {a!r} -> {b!r}" for k, (a, b) in diff.items())
             raise RunMismatch(f"{path}: this output directory holds a different run "
                               f"({detail}); use another --output")
-    write_json_atomic(path, settings)
+    claim_directory(out, inputs=list(inputs), command="eval")
+    write_json_atomic(path, dict(config))
 
 
-def _repair(path: Path) -> None:
-    """Drop a truncated last line (a run killed mid-write), atomically."""
-    data = path.read_bytes()
-    if not data or data.endswith(b"\n"):
+def _complete_bytes(path: Path) -> int:
+    """Length of the file's prefix made of whole JSON lines."""
+    good = 0
+    with path.open("rb") as f:
+        for raw in f:
+            if not raw.endswith(b"\n"):
+                break
+            try:
+                json.loads(raw)
+            except json.JSONDecodeError:
+                break
+            good += len(raw)
+    return good
+
+
+def repair(path: str | Path) -> None:
+    """Drop a torn last line (a run killed mid-write) so appends stay valid JSONL."""
+    path = Path(path)
+    if not path.is_file():
         return
-    with atomic_file(path) as tmp:
-        tmp.write_bytes(data[: data.rfind(b"\n") + 1])
+    good = _complete_bytes(path)
+    if good != path.stat().st_size:
+        with atomic_file(path) as tmp:
+            tmp.write_bytes(path.read_bytes()[:good])
 
 
 def read_predictions(path: str | Path) -> dict[str, dict]:
-    """id -> row (the first answer per id wins); a truncated last line is ignored."""
+    """id -> row (the first answer per id wins); a torn last line is ignored."""
     path = Path(path)
     rows: dict[str, dict] = {}
     if not path.is_file():
@@ -71,9 +125,11 @@ def read_predictions(path: str | Path) -> dict[str, dict]:
         for line in f:
             if not line.endswith("\n"):
                 break
-            if line.strip():
+            try:
                 row = json.loads(line)
-                rows.setdefault(str(row["id"]), row)
+            except json.JSONDecodeError:
+                break
+            rows.setdefault(str(row["id"]), row)
     return rows
 
 
@@ -87,35 +143,22 @@ class PredictionWriter:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if self.path.is_file():
-            _repair(self.path)
+        repair(self.path)
+        self._f = self.path.open("a", encoding="utf-8")
 
     def append(self, rows: Sequence[dict]) -> None:
         if not rows:
             return
-        with self.path.open("a", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        for row in rows:
+            self._f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
 
+    def close(self) -> None:
+        self._f.close()
 
-def prediction_row(engine: Any, ex: dict, prediction: str, gen: Any, conforming: bool,
-                   prompt_format: str, context_tokens: int | None = None) -> dict:
-    """The DESIGN.md predictions row (+ token usage of API calls)."""
-    logprob = getattr(gen, "mean_logprob", None)
-    return {
-        "id": ex["id"],
-        "prediction": prediction,
-        "logprob": logprob,
-        "n_tokens": getattr(gen, "output_tokens", 0) or gen.n_tokens,
-        "engine": getattr(engine, "name", type(engine).__name__),
-        "model": str(getattr(engine, "model", "")),
-        "adapter": getattr(engine, "adapter", None),
-        "prompt_format": prompt_format,
-        "context_tokens": context_tokens,
-        "raw_output": gen.raw if gen.raw is not None else gen.text,
-        "conforming": bool(conforming),
-        "prompt_tokens": gen.prompt_tokens,
-        "cached": bool(getattr(gen, "cached", False)),
-    }
+    def __enter__(self) -> PredictionWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -23,7 +23,7 @@ import pyarrow as pa
 from medray.data.prepared import PreparedData, load_prepared, write_prepared
 from medray.data.schema import MCQ_SCHEMA
 from medray.engines.accounting import estimate_tokens
-from medray.eval.mcq_run import example_dict
+from medray.eval.mcq import example_dict
 
 LANGUAGE_NAMES = {"it": "Italian", "fr": "French", "es": "Spanish", "pt": "Portuguese",
                   "ro": "Romanian", "en": "English"}
@@ -117,11 +117,12 @@ def language_table(run_dirs: Sequence[str | Path]) -> list[dict]:
     (original vs English tracks side by side), from each run's metrics.json."""
     out = []
     for d in run_dirs:
-        m = json.loads((Path(d) / "metrics.json").read_text())
+        summary = json.loads((Path(d) / "metrics.json").read_text())
+        m = summary["metrics"]["mcq"]
         langs = sorted((m.get("by", {}).get("language") or {}).keys()) or ["?"]
         modal = m.get("by", {}).get("modality", {})
         acc = lambda b: None if not b else b["metrics"]["accuracy"]["mean"]  # noqa: E731
-        out.append({"run": str(d), "model": m.get("model"), "languages": langs,
+        out.append({"run": str(d), "model": summary["run"]["model"], "languages": langs,
                     "n": m["n"], "n_conforming": m["n_conforming"],
                     "accuracy": acc(m), "text_only": acc(modal.get("text_only")),
                     "with_images": acc(modal.get("with_images")),

@@ -284,8 +284,7 @@ class QAIngress:
 
     @route.post("/v1/mcq", response_model=MCQResponse, body=MCQRequest)
     async def mcq(self, request: Request) -> MCQResponse:
-        from medray.eval.metrics.mcq import extract_answer
-        from medray.prompts import robiology_prompt
+        from medray.eval import mcq
 
         body: MCQRequest = await self._body(request, MCQRequest)
         chars = len(body.question) + sum(len(o.text) for o in body.options)
@@ -294,21 +293,21 @@ class QAIngress:
                            f"characters; limit is {self.cfg.max_text_chars}", "options")
         target = self._target(body.model, body.adapter)
         tokenizer = self._tokenizer(target.source)
-        options = [o.model_dump() for o in body.options]
-        prompt = robiology_prompt(body.question, options, body.kind)
-        text = prompt.text
-        if getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template(
-                prompt.messages(), tokenize=False, add_generation_prompt=True)
-        ids = tokenizer.encode(text, add_special_tokens=False)
-        if len(ids) + self.cfg.max_new_tokens > self.cfg.max_model_len:
+        item = body.item()
+        try:  # the item's dataset prompt, exactly as the eval runner renders it
+            prompt = mcq.render(item, body.shot_set())
+        except ValueError as err:  # e.g. shots for a protocol without them
+            raise APIError(422, "invalid_request", str(err), "shots") from None
+        ids = tokenizer.encode(mcq.prompt_text(prompt, tokenizer), add_special_tokens=False)
+        budget = body.max_new_tokens or mcq.max_new_tokens(item)
+        if len(ids) + budget > self.cfg.max_model_len:
             raise APIError(413, "request_too_large", f"the prompt has {len(ids)} tokens; "
                            f"max_model_len is {self.cfg.max_model_len}", "options")
-        gen = (await self.generate_ids(target, [ids], self.cfg.max_new_tokens))[0]
-        valid = [o.label for o in body.options] if body.kind != "group" else list("ABCDE")
-        ext = extract_answer(gen.text, valid=valid, multi=body.kind == "multiple")
+        gen = (await self.generate_ids(target, [ids], budget))[0]
+        _, labels, conforming = mcq.read_answer(gen.text, item)
         self.counts["mcq"] += 1
-        return MCQResponse(answer=list(ext.labels), conforming=ext.conforming, raw=gen.text)
+        return MCQResponse(answer=list(labels), conforming=conforming, raw=gen.text,
+                           prompt_tokens=len(ids))
 
     async def _openai(self, kind: str, request: Request) -> Any:
         from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest

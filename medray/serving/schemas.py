@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 QUESTION_CHARS = 8_000
 OPTION_CHARS = 4_000
@@ -51,11 +51,30 @@ class Option(BaseModel):
     _text = field_validator("text")(_not_blank)
 
 
+class MCQShot(BaseModel):
+    """An in-context example: a solved item of the same kind."""
+
+    model_config = ConfigDict(extra="forbid")
+    question: str = Field(min_length=1, max_length=QUESTION_CHARS)
+    options: list[Option] = Field(min_length=2, max_length=10)
+    answer: list[str] = Field(min_length=1, max_length=10)
+
+
 class MCQRequest(BaseModel):
+    """One multiple-choice item, asked with its dataset's prompt (medray/eval/mcq.py)."""
+
     model_config = ConfigDict(extra="forbid")
     question: str = Field(min_length=1, max_length=QUESTION_CHARS)
     options: list[Option] = Field(min_length=2, max_length=10)
     kind: Literal["single", "group", "multiple"] = "single"
+    dataset: Literal["robiology", "europemedqa"] = Field(
+        "robiology", description="whose prompt and answer format the item gets")
+    question_id: str | None = Field(
+        None, max_length=64, pattern=r"^[A-Za-z0-9_:.-]+$",
+        description="EuropeMedQA: the id the prompt shows and the reply must start with")
+    shots: list[MCQShot] = Field(default_factory=list, max_length=5)
+    max_new_tokens: int | None = Field(
+        None, ge=1, le=64, description="default: the dataset's minimal budget for the kind")
     model: str | None = Field(None, max_length=256, description="a name from /v1/models")
     adapter: str | None = Field(None, max_length=256)
 
@@ -69,11 +88,31 @@ class MCQRequest(BaseModel):
             raise ValueError(f"option labels repeat: {labels}")
         return options
 
+    @model_validator(mode="after")
+    def _id_for_europemedqa(self) -> MCQRequest:
+        if self.dataset == "europemedqa" and not self.question_id:
+            raise ValueError("question_id: required for dataset europemedqa (the protocol's "
+                             "prompt shows it and the reply starts with it)")
+        return self
+
+    def item(self) -> dict:
+        """The request as a prepared item (the shape medray/eval/mcq.py renders)."""
+        return {"id": self.question_id or "item", "dataset": self.dataset, "kind": self.kind,
+                "question": self.question, "options": [o.model_dump() for o in self.options],
+                "meta": {"original_id": self.question_id} if self.question_id else {},
+                "images": []}
+
+    def shot_set(self) -> dict[str, list[dict]]:
+        return {self.kind: [{"question": s.question, "kind": self.kind, "dataset": self.dataset,
+                             "options": [o.model_dump() for o in s.options],
+                             "answer": list(s.answer)} for s in self.shots]}
+
 
 class MCQResponse(BaseModel):
     answer: list[str]
     conforming: bool
     raw: str
+    prompt_tokens: int = Field(description="tokens of the rendered prompt")
 
 
 class ModelCard(BaseModel):

@@ -16,8 +16,6 @@ GEN_METRICS = ("f1", "em", "bleu", "meteor", "sacrebleu_bleu", "chrf")
 MCQ_METRICS = ("accuracy", "partial_credit", "accuracy_nonconforming_wrong", "conforming_rate")
 
 
-_fail = fail
-
 
 def _fmt(m: dict) -> str:
     if m.get("mean") is None:
@@ -103,11 +101,11 @@ def score(
     from medray.eval.score import ScoreInputError, run_score
 
     if mode not in MODES:
-        _fail(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
+        fail(f"--mode must be one of {', '.join(MODES)}, got {mode!r}")
     if (references is None) == (data is None):
-        _fail("give exactly one of --references or --data")
+        fail("give exactly one of --references or --data")
     if group_as_multiple not in ("off", "heuristic", "first"):
-        _fail("--group-as-multiple must be off, heuristic or first")
+        fail("--group-as-multiple must be off, heuristic or first")
     fields = [f.strip() for f in by.split(",") if f.strip()]
     try:
         result = run_score(
@@ -117,7 +115,7 @@ def score(
             group_mapping=None if group_as_multiple == "off" else group_as_multiple,
             n_resamples=resamples, seed=seed, workers=workers or None, use_wordnet=wordnet)
     except (ScoreInputError, DataError, FileNotFoundError) as err:
-        _fail(str(err))
+        fail(str(err))
     if as_json:
         sys.stdout.write(json.dumps(result, ensure_ascii=False) + "\n")
     else:
@@ -146,13 +144,13 @@ def baseline(
         prepared = load_prepared(data)
         examples = prepared.split(split)
     except (FileNotFoundError, KeyError) as err:
-        _fail(f"{data}: {err}")
+        fail(f"{data}: {err}")
     if prepared.kind == "generative":
         if kind == "majority":
             try:
                 answer = bl.majority_answer(prepared.split("train"))
             except (KeyError, ValueError) as err:
-                _fail(f"{data}: {err}")
+                fail(f"{data}: {err}")
             rows = bl.majority_predictions(examples, answer)
             note = "majority answer of the train split"
         elif kind == "random-token":
@@ -160,7 +158,7 @@ def baseline(
             note = (f"random 1-3 token span from the first {tokens} tokens "
                     f"({tokenizer or 'whitespace words'}), seed {seed}")
         else:
-            _fail(f"--kind for generative data must be majority or random-token, got {kind!r}")
+            fail(f"--kind for generative data must be majority or random-token, got {kind!r}")
     else:
         if kind == "majority":
             rows = bl.mcq_majority_predictions(examples, prepared.split("train"))
@@ -169,13 +167,13 @@ def baseline(
             rows = bl.mcq_random_predictions(examples, seed)
             note = f"uniform random guess per kind, seed {seed}"
         else:
-            _fail(f"--kind for multiple-choice data must be majority or random, got {kind!r}")
+            fail(f"--kind for multiple-choice data must be majority or random, got {kind!r}")
     from medray.fsutil import OutputRefused, check_output, write_jsonl_atomic
 
     try:  # a file output replaces only what is there, but never inside the input
         check_output(out, [data], force=True)
     except OutputRefused as err:
-        _fail(str(err))
+        fail(str(err))
     write_jsonl_atomic(out, rows)
     typer.echo(f"wrote {len(rows)} predictions to {out} ({prepared.dataset}, split {split}: "
                f"{note})", err=True)

@@ -49,8 +49,8 @@ def demo(
             fail(str(err))
 
 
-# --- metrics and baselines (issue 3) ---
-from medray.eval.commands import baseline, score  # noqa: E402
+# --- metrics and baselines ---
+from medray.cli.score import baseline, score  # noqa: E402
 
 app.command()(score)
 app.command()(baseline)
@@ -67,16 +67,13 @@ from medray.tune.commands import tune as _tune_cmd  # noqa: E402  (typer only; n
 
 app.command("tune")(_tune_cmd)
 
-# --- serving, evaluation, reports (issue 6) ---
-from medray.eval.run_commands import eval_cmd, report_cmd, serve_cmd  # noqa: E402
+# --- serving, evaluation, reports, ensembles, translation ---
+from medray.cli.eval import ensemble, eval_cmd, report_cmd, translate  # noqa: E402
+from medray.cli.serve import serve_cmd  # noqa: E402
 
 app.command("serve")(serve_cmd)
 app.command("eval")(eval_cmd)
 app.command("report")(report_cmd)
-
-# --- API baselines (issue 7; `medray eval --engine` is eval_cmd's engine path) ---
-from medray.eval.api_commands import ensemble, translate  # noqa: E402
-
 app.command()(ensemble)
 app.command()(translate)
 

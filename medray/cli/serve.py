@@ -1,0 +1,60 @@
+"""`medray serve`: a model (vLLM replicas + QA ingress) from the YAML `serve run` reads.
+Only typer at import time."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from medray.console import command_console, fail
+
+
+def _init_ray(address: str | None, num_cpus: int | None) -> None:
+    from medray.raycluster import connect
+
+    connect(address, num_cpus=num_cpus, log_to_driver=False)
+
+
+def serve_cmd(
+    config: Annotated[Path, typer.Option("--config", "-c", help="Serve config (serve/*.yaml)")],
+    address: Annotated[str | None, typer.Option(help="Ray address (default: local)")] = None,
+    num_cpus: Annotated[int | None, typer.Option(help="logical CPUs of a local Ray")] = None,
+    block: Annotated[bool, typer.Option(help="keep serving until Ctrl-C")] = True,
+    logs: Annotated[Path, typer.Option(help="folder for Ray/Serve/vLLM logs")] = Path(
+        "runs/serve/logs"),
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="show Ray/Serve/vLLM logs here instead of in --logs")] = False,
+) -> None:
+    """Serve a model (vLLM replicas + QA ingress) from the same YAML `serve run` reads."""
+    from pydantic import ValidationError
+
+    from medray.serve_config import load_serve_file
+    from medray.serving.validation import check_servable
+
+    try:
+        spec = load_serve_file(config)
+        check_servable(spec.args.resolved(), spec.args)  # before Ray or any replica starts
+    except (OSError, ValueError, ValidationError) as err:
+        fail(f"{config}: {err}")
+    with command_console("serve", logs, verbose=verbose) as display:
+        with display.stage("start Ray Serve and the vLLM replicas"):
+            _init_ray(address, num_cpus)
+            from ray import serve
+
+            from medray.serve_app import build_app
+
+            serve.start(http_options={"host": spec.host, "port": spec.port})
+            serve.run(build_app(spec.args), name=spec.name, route_prefix=spec.route_prefix)
+        names = [spec.args.model_id, *spec.args.adapters, *spec.args.models]
+        display.print(f"serving {', '.join(names)} at http://{spec.host}:{spec.port}"
+                      f"{spec.route_prefix} (logs: {logs}){'; Ctrl-C stops' if block else ''}")
+        if not block:
+            return
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:  # the normal way to stop a server: exit 0
+            serve.shutdown()

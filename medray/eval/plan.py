@@ -1,0 +1,99 @@
+"""What an evaluation will do, decided before any request: the items (split, seeded
+sample, first N), governance (checked BEFORE any engine exists, so a refused run cannot
+have sent anything), the shots (picked once), and what a text-only engine is not asked."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from medray.data.prepared import PreparedData, load_prepared
+from medray.eval import mcq
+from medray.eval.config import EvalConfig
+from medray.eval.governance import GovernanceError, check_external_use
+
+
+@dataclass
+class EvalPlan:
+    cfg: EvalConfig
+    data: PreparedData
+    items: pd.DataFrame  # the selected items, in table order
+    governance: dict
+    shots: dict[str, list[dict]] = field(default_factory=dict)
+    skipped_images: list[str] = field(default_factory=list)  # not asked: text-only engine
+    loglik: bool = False
+    executor: str = "local"
+
+    @property
+    def asked(self) -> pd.DataFrame:
+        return self.items[~self.items["id"].isin(self.skipped_images)]
+
+
+def default_cache_path() -> Path:
+    root = os.environ.get("MEDRAY_CACHE_DIR") or Path.home() / ".cache" / "medray"
+    return Path(root) / "api_responses.sqlite"
+
+
+def sample_rows(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:
+    """The papers' seeded random subset: n items drawn without replacement, kept in order."""
+    if n is None or n >= len(df):
+        return df.reset_index(drop=True)
+    idx = np.sort(np.random.default_rng(seed).choice(len(df), size=n, replace=False))
+    return df.iloc[idx].reset_index(drop=True)
+
+
+def plan_eval(cfg: EvalConfig, *, engine: Any = None, dry_run: bool = False) -> EvalPlan:
+    """Everything decided before a request is made. Raises GovernanceError (unless a dry
+    run, which records that the flag would be needed) and ValueError on bad settings."""
+    data = load_prepared(cfg.data)
+    spec = cfg.engine
+    try:
+        governance = check_external_use(data.dataset, spec, cfg.allow_external_api,
+                                        spec.base_url)
+    except GovernanceError as err:
+        if not dry_run:
+            raise
+        governance = {"flag_required": True, "would_refuse": str(err)}
+    items = sample_rows(data.split(cfg.split), cfg.sample, cfg.seed)
+    if cfg.limit:
+        items = items.iloc[: cfg.limit].reset_index(drop=True)
+    if items.empty:
+        raise ValueError(f"{cfg.data}: split {cfg.split!r} has no items")
+    plan = EvalPlan(cfg, data, items, governance,
+                    executor="local" if engine is not None else spec.entry.executor)
+    if data.kind == "mcq" and spec.kind == "serve" and cfg.group_as_multiple:
+        raise ValueError("group_as_multiple: Serve's /v1/mcq asks items as their own kind")
+    if data.kind == "mcq" and spec.kind != "baseline":
+        plan.shots = mcq.shot_sets(data.examples, list(items["kind"]), cfg.shots, cfg.seed)
+        images_ok = (getattr(engine, "supports_images", False) if engine is not None
+                     else spec.external)
+        if not images_ok:
+            plan.skipped_images = [str(i) for i, im in zip(items["id"], items["images"],
+                                                           strict=True) if len(im)]
+        scores = hasattr(engine, "score_options") if engine is not None else (
+            spec.kind in ("hf", "vllm"))
+        plan.loglik = cfg.loglik if cfg.loglik is not None else (
+            scores and not spec.external and not hasattr(engine, "chat"))
+    elif cfg.shots:
+        raise ValueError(f"shots: {data.dataset} is {data.kind}; in-context examples are for "
+                         "multiple-choice data")
+    return plan
+
+
+def plain_row(row: dict[str, Any]) -> dict[str, Any]:
+    """Arrow/numpy values -> JSON-able Python (options arrive as numpy arrays)."""
+    def conv(v: Any) -> Any:
+        if isinstance(v, np.ndarray):
+            return [conv(x) for x in v.tolist()]
+        if isinstance(v, dict):
+            return {k: conv(x) for k, x in v.items()}
+        if isinstance(v, list):
+            return [conv(x) for x in v]
+        return v.item() if isinstance(v, np.generic) else v
+
+    return {k: conv(v) for k, v in row.items()}
