@@ -11,6 +11,7 @@ import json
 from typing import Any
 
 from medray.eval.config import EvalConfig
+from medray.prompts import PromptSpec
 
 PREDICTION_FIELDS = ("id", "prediction", "logprob", "n_tokens", "engine", "model", "adapter",
                      "prompt_format", "context_tokens", "raw_output", "conforming")
@@ -21,6 +22,8 @@ class EvalWorker:
         from medray.data.prepared import load_prepared
 
         self.cfg = EvalConfig.model_validate(config)
+        # The driver resolved it against the model's own (runner.with_resolved_prompt).
+        self.prompt = self.cfg.prompt or PromptSpec()
         self.data = load_prepared(self.cfg.data)  # each actor keeps the epicrises once
         spec = self.cfg.engine
         self.engine: Any = None
@@ -79,26 +82,29 @@ class EvalWorker:
             k: v for k, v in row.items() if k not in PREDICTION_FIELDS}
 
     def _generative(self, ex: dict[str, Any]) -> dict[str, Any]:
-        cfg = self.cfg
+        spec = self.prompt
         context = self.data.context(ex["context_id"])
-        if cfg.engine.kind == "serve":
-            res = self.engine.qa(ex["question"], context, prompt_format=cfg.prompt_format,
-                                 context_tokens=cfg.context_tokens, strategy=cfg.strategy)
+        if self.cfg.engine.kind == "serve":
+            # Every prompt setting is sent: Serve then prompts exactly as this run says
+            # (equal to the served model's own spec unless the eval config overrides it).
+            res = self.engine.qa(ex["question"], context, prompt_format=spec.format,
+                                 context_tokens=spec.context_tokens, strategy=spec.strategy,
+                                 max_new_tokens=spec.max_new_tokens)
             answer, logprob, raw = res["answer"], res["logprob"], res["answer"]
-            n_tokens = None
+            n_tokens, prompt_tokens = None, res.get("prompt_tokens")
         else:
             from medray.strategies import run_strategy
 
             def generate(prompts: list[list[int]]):
-                return self.engine.generate(prompts, max_new_tokens=cfg.max_new_tokens)
+                return self.engine.generate(prompts, max_new_tokens=spec.max_new_tokens)
 
-            res = run_strategy(generate, self.engine.tokenizer, ex["question"], context,
-                               strategy=cfg.strategy, fmt=cfg.prompt_format,
-                               context_tokens=cfg.context_tokens, reserve=cfg.max_new_tokens)
+            res = run_strategy(generate, self.engine.tokenizer, ex["question"], context, spec)
             answer, logprob, raw, n_tokens = res.answer, res.logprob, res.raw, res.n_tokens
+            prompt_tokens = res.prompt_tokens
         return {"prediction": answer, "logprob": logprob, "n_tokens": n_tokens,
-                "prompt_format": cfg.prompt_format, "context_tokens": cfg.context_tokens,
-                "raw_output": raw, "conforming": True, "strategy": cfg.strategy}
+                "prompt_format": spec.format, "context_tokens": spec.context_tokens,
+                "raw_output": raw, "conforming": True, "strategy": spec.strategy,
+                "prompt_tokens": prompt_tokens}
 
     def _mcq(self, ex: dict[str, Any]) -> dict[str, Any]:
         options = [dict(o) for o in ex["options"]]
@@ -117,7 +123,7 @@ class EvalWorker:
             text = (tok.apply_chat_template(prompt.messages(), tokenize=False,
                                             add_generation_prompt=True)
                     if getattr(tok, "chat_template", None) else prompt.text)
-            raw = self.engine.generate([text], max_new_tokens=self.cfg.max_new_tokens)[0].text
+            raw = self.engine.generate([text], max_new_tokens=self.prompt.max_new_tokens)[0].text
             valid = [o["label"] for o in options] if kind != "group" else list("ABCDE")
             ext = extract_answer(raw, valid=valid, multi=kind == "multiple")
             letters, conforming = list(ext.labels), ext.conforming

@@ -9,9 +9,8 @@ Example (served model; `MEDRAY_API_KEY` holds the bearer key)::
     #engine: {kind: vllm, model: M, device: gpu, tensor_parallel_size: 2,
     #         gpu_memory_utilization: 0.9, enable_prefix_caching: true}  # 2 GPUs per actor
     #engine: {kind: baseline, baseline: random-token, tokens: 1024, seed: 0}
-    prompt_format: qea
-    context_tokens: 1024
-    strategy: trim                  # trim | chunks | retrieve
+    # prompt: as the model was trained (its prompt.json) unless set here, e.g.
+    #prompt: {context_tokens: 1024, strategy: chunks}   # trim | chunks | retrieve
     actors: 2
     max_in_flight: 8
     score: {modes: [medqaro, robust], by: [question_type, cancer_type], resamples: 1000}
@@ -24,6 +23,8 @@ from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from medray.prompts import PromptSpec, moved_prompt_keys
 
 
 class EngineSpec(BaseModel):
@@ -103,15 +104,23 @@ class EvalConfig(BaseModel):
     data: Path
     split: str = "test"
     engine: EngineSpec
-    prompt_format: Literal["qea", "eqa"] = "qea"
-    context_tokens: int = Field(1024, ge=16)
-    strategy: Literal["trim", "chunks", "retrieve"] = "trim"
-    max_new_tokens: int = Field(10, ge=1)
+    # None: as the evaluated model was trained (the prompt.json beside its adapter or
+    # merged model; for `serve`, what the endpoint reports); fields set here override it.
+    prompt: PromptSpec | None = None
     actors: int = Field(2, ge=1)
     max_in_flight: int = Field(4, ge=1)  # requests outstanding across all actors
     limit: int | None = Field(None, ge=1)  # first N items of the split (smoke runs)
     fine_tuned: bool | None = None  # for the report's "fine-tuned" column
     score: ScoreSpec = Field(default_factory=ScoreSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, raw: Any) -> Any:
+        moved = moved_prompt_keys(raw, ("prompt_format", "context_tokens", "strategy",
+                                        "max_new_tokens"))
+        if moved:
+            raise ValueError("; ".join(moved))
+        return raw
 
 
 def load_eval_config(path: str | Path) -> EvalConfig:

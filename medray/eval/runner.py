@@ -192,19 +192,33 @@ def run_eval(cfg: EvalConfig, out: str | os.PathLike,
     out = Path(out)
     claim_directory(out, inputs=[cfg.data], command="eval")
     write_json_atomic(out / "config.json", cfg.model_dump(mode="json"))
+    cfg = with_resolved_prompt(cfg)
     stats = predict_all(cfg, out, on_prediction, on_plan)
     metrics = score_run(cfg, out)
     summary = {
         "run": {"dataset": json.loads((Path(cfg.data) / "manifest.json").read_text())["dataset"],
                 "split": cfg.split, "engine": cfg.engine.kind, "model": cfg.engine.label,
                 "adapter": cfg.engine.adapter, "fine_tuned": _fine_tuned(cfg),
-                "prompt_format": cfg.prompt_format, "context_tokens": _context_tokens(cfg),
-                "strategy": cfg.strategy, "n": stats["selected"]},
+                "prompt_format": cfg.prompt.format if cfg.prompt else None,
+                "context_tokens": _context_tokens(cfg),
+                "strategy": cfg.prompt.strategy if cfg.prompt else None,
+                "n": stats["selected"]},
         "requests": stats,
         "metrics": metrics,
     }
     write_json_atomic(out / METRICS, summary)
     return summary
+
+
+def with_resolved_prompt(cfg: EvalConfig) -> EvalConfig:
+    """The config with `prompt` resolved against the evaluated model's own (prompt.json,
+    or the endpoint's card); actors then use exactly it. Baselines read no prompt."""
+    if cfg.engine.kind == "baseline":
+        return cfg
+    from medray.eval.prompting import resolve_eval_prompt
+
+    api_key = os.environ.get(cfg.engine.api_key_env) if cfg.engine.kind == "serve" else None
+    return cfg.model_copy(update={"prompt": resolve_eval_prompt(cfg, api_key)})
 
 
 def _fine_tuned(cfg: EvalConfig) -> bool:
@@ -216,5 +230,5 @@ def _fine_tuned(cfg: EvalConfig) -> bool:
 def _context_tokens(cfg: EvalConfig) -> int | None:
     """What the run's model saw: baselines read N tokens (random) or nothing (majority)."""
     if cfg.engine.kind != "baseline":
-        return cfg.context_tokens
+        return cfg.prompt.context_tokens if cfg.prompt else None
     return cfg.engine.tokens if cfg.engine.baseline == "random-token" else None

@@ -17,11 +17,12 @@ from medray.train.checkpoints import load_state, save_checkpoint
 from medray.train.collate import micro_batches
 from medray.train.config import TrainConfig, deepspeed_config, peft_lora_config
 from medray.train.device import all_reduce, cast_parameters, synced, worker_device
+from medray.train.plan import RunPlan
 from medray.train.step import eval_loss, train_step
 
 
 def _epoch_batches(shard: Any, cfg: TrainConfig, pad_id: int, epoch: int) -> Any:
-    from medray.tokenize import iter_rows_from_batches
+    from medray.tokenization import iter_rows_from_batches
 
     d = cfg.data
     window = cfg.optim.micro_batch_size * (1 if d.batching == "pad" else d.group_window)
@@ -31,7 +32,7 @@ def _epoch_batches(shard: Any, cfg: TrainConfig, pad_id: int, epoch: int) -> Any
         local_shuffle_seed=cfg.optim.seed + epoch if d.shuffle_buffer else None,
     )
     return micro_batches(iter_rows_from_batches(batches), batch_size=cfg.optim.micro_batch_size,
-                         pad_id=pad_id, mode=d.batching, max_len=d.context_tokens,
+                         pad_id=pad_id, mode=d.batching, max_len=cfg.prompt.context_tokens,
                          window=d.group_window, seed=cfg.optim.seed + epoch)
 
 
@@ -79,7 +80,7 @@ def _tensorboard(path: str | None, rank: int) -> Any:
     return writer
 
 
-def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: Any,
+def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: RunPlan, tokenizer: Any,
              rank: int, world: int, device: Any) -> dict[str, float]:
     """Validation loss (token-weighted, all workers) + greedy F1/EM on the fixed subset."""
     import ray.train
@@ -102,7 +103,7 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: 
     loss_sum, n_tok = all_reduce([loss_sum, n_tok], device)
     metrics = {"val_loss": loss_sum / max(n_tok, 1.0), "val_tokens": n_tok}
 
-    items = plan.get("val_generate", [])
+    items = plan.val_generate
     if items:
         per = math.ceil(len(items) / world)
         mine = items[rank * per:(rank + 1) * per]
@@ -111,7 +112,7 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: 
         hf = HFEngine(engine.module, tokenizer=tokenizer, batch_size=8,
                       synced_gpus=cfg.deepspeed.stage == 3 and world > 1)
         gens = hf.generate_ids([it["prompt_ids"] for it in padded],
-                               max_new_tokens=cfg.data.max_new_tokens)
+                               max_new_tokens=cfg.prompt.max_new_tokens)
         local = [(it["answer"], g.text) for it, g in zip(mine, gens, strict=False)]
         gathered: list[Any] = [None] * world
         if dist.is_initialized():
@@ -127,7 +128,7 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: 
 
 
 def _rows(shard: Any) -> Any:
-    from medray.tokenize import iter_rows_from_batches
+    from medray.tokenization import iter_rows_from_batches
 
     return iter_rows_from_batches(shard.iter_batches(batch_size=32, batch_format="numpy"))
 
@@ -148,7 +149,7 @@ def _maybe_kill(cfg: TrainConfig, rank: int, step: int) -> None:
     os._exit(1)
 
 
-def build_engine(cfg: TrainConfig, plan: dict, world: int, device: Any) -> tuple[Any, ...]:
+def build_engine(cfg: TrainConfig, plan: RunPlan, world: int, device: Any) -> tuple[Any, ...]:
     """Model on `device` (LoRA, parameters in the training dtype) inside a DeepSpeed engine.
 
     Returns (engine, peft model, tokenizer, scheduler).
@@ -164,7 +165,7 @@ def build_engine(cfg: TrainConfig, plan: dict, world: int, device: Any) -> tuple
     load_on = "cpu" if cfg.deepspeed.offload_params else device
     model, tokenizer = load_model_and_tokenizer(
         cfg.model.name_or_path, cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
-        device=load_on, cache_dir=plan.get("cache_dir") or cfg.model.cache_dir,
+        device=load_on, cache_dir=plan.cache_dir or cfg.model.cache_dir,
         attn_implementation=cfg.model.attn_implementation)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -177,7 +178,7 @@ def build_engine(cfg: TrainConfig, plan: dict, world: int, device: Any) -> tuple
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   weight_decay=cfg.optim.weight_decay)
-    total_steps = plan["total_steps"]
+    total_steps = plan.total_steps
     scheduler = get_scheduler(cfg.optim.scheduler if cfg.optim.scheduler != "constant"
                               else "constant_with_warmup", optimizer,
                               num_warmup_steps=min(cfg.optim.warmup_steps, total_steps),
@@ -203,7 +204,7 @@ def train_loop_per_worker(config: dict) -> None:
         torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
 
     engine, model, tokenizer, scheduler = build_engine(cfg, plan, world, device)
-    total_steps = plan["total_steps"]
+    total_steps = plan.total_steps
     pad_id = tokenizer.pad_token_id
 
     state = {"epoch": 0, "micro_in_epoch": 0, "history": [], "best": None, "resumed_from": None}
@@ -213,12 +214,12 @@ def train_loop_per_worker(config: dict) -> None:
             engine.load_checkpoint(d, tag="ds", load_module_strict=False)
             state = load_state(d)
         state["resumed_from"] = engine.global_steps
-    writer = _tensorboard(plan.get("tensorboard_dir"), rank)
-    bar = _progress(total_steps, engine.global_steps, rank, plan.get("progress_board"))
+    writer = _tensorboard(plan.tensorboard_dir, rank)
+    bar = _progress(total_steps, engine.global_steps, rank, plan.progress_board)
 
     _log(rank, f"worker ready on {device}: {time.perf_counter() - t_start:.1f}s "
                "(model, LoRA, DeepSpeed)")
-    if checkpoint is None and plan.get("initial_eval", True):
+    if checkpoint is None:
         t_eval = time.perf_counter()
         initial = evaluate(engine, cfg, pad_id, plan, tokenizer, rank, world, device)
         _log(rank, f"initial validation {time.perf_counter() - t_eval:.1f}s: "
