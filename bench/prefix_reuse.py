@@ -5,7 +5,7 @@ shared prefix), with the F1 of each, in one run.
     .venv/bin/python bench/prefix_reuse.py [--model PATH [--adapter PATH]] [--items 96]
 
 Offline vLLM engine (medray.engines.vllm), greedy, max_new_tokens 10, prompts assembled by
-medray.tokenize.build_prompt_ids (trim, --context-tokens), items of the synthetic MedQARo
+medray.tokenization.build_prompt_ids (trim, --context-tokens), items of the synthetic MedQARo
 test split ordered by patient, batches of --batch prompts. Rows: E+Q+A and Q+E+A on ONE
 engine with prefix caching on, plus (--no-cache-row) E+Q+A on a second engine with caching
 off. F1: medray's medqaro-mode F1 (the metrics helper's f1_medqaro), mean over items. The
@@ -24,14 +24,16 @@ from _tiny import prepared_and_model
 
 def _run(engine, tok, items, fmt: str, context_tokens: int, batch: int) -> dict:
     from medray.eval.metrics.generative import f1_medqaro
-    from medray.tokenize import build_prompt_ids, encode_context
+    from medray.prompts import PromptSpec
+    from medray.tokenization import build_prompt_ids, encode_context
 
+    spec = PromptSpec(format=fmt, context_tokens=context_tokens)  # reserve: 10 new tokens
     cache: dict[str, list[int]] = {}
     prompts = []
     for q, cid, ctx, _ in items:
         if cid not in cache:
             cache[cid] = encode_context(tok, ctx)
-        prompts.append(build_prompt_ids(tok, q, cache[cid], fmt, context_tokens, 10))
+        prompts.append(build_prompt_ids(tok, q, cache[cid], spec))
     t0 = time.perf_counter()
     gens = []
     for i in range(0, len(prompts), batch):

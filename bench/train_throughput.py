@@ -102,10 +102,11 @@ def throughput(model_dir: str, rows: list[dict], mode: str, budget: int, batch: 
 def tokenisation(model_dir: str, data_dir: str, factors: list[int]) -> list[dict]:
     from medray.data.prepared import load_prepared
     from medray.models import load_tokenizer
-    from medray.prompts import medqaro_prompt, medqaro_target
-    from medray.tokenize import build_example, encode_context
+    from medray.prompts import PromptSpec, medqaro_prompt, medqaro_target
+    from medray.tokenization import build_example, encode_context
 
     tok = load_tokenizer(model_dir)
+    untrimmed = PromptSpec(context_tokens=100_000, reserve=0)
     data = load_prepared(data_dir)
     ex = data.examples
     contexts = dict(zip(data.contexts["context_id"], data.contexts["text"], strict=True))
@@ -116,7 +117,7 @@ def tokenisation(model_dir: str, data_dir: str, factors: list[int]) -> list[dict
         for rep in range(k):
             ids = {f"{c}#{rep}": encode_context(tok, t) for c, t in contexts.items()}
             for q, a, c in zip(ex["question"], ex["answer"], ex["context_id"], strict=True):
-                build_example(tok, q, a, ids[f"{c}#{rep}"], "qea", 100_000)
+                build_example(tok, q, a, ids[f"{c}#{rep}"], untrimmed)
         once = time.perf_counter() - t0
         t0 = time.perf_counter()
         for _ in range(k):

@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     from medray.fsutil import OutputRefused, check_output
     from medray.models import LoraTargetError
     from medray.raycluster import connect
-    from medray.tokenize import BudgetError
+    from medray.tokenization import BudgetError
     from medray.train.config import ConfigError, load_config
     from medray.train.trainer import run_training
 

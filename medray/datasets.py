@@ -25,13 +25,15 @@ class DatasetSpec:
     loader: str  # "module:function" (input_path, **options) -> (examples, contexts, manifest)
     synthetic: str  # "module:function" (out_dir, seed=, scale=) -> raw files like the release
     prompt: str  # "module:function" rendering one item (mcq) or (question, context) (generative)
-    # Minimal generation budget per question kind ("" = every kind): the protocols leave no
-    # room for explanations.
+    # Minimal generation budget per question kind ("" = every kind; default the reference
+    # generation budget): the protocols leave no room for explanations.
     max_new_tokens: Mapping[str, int] = field(default_factory=dict)
     shots: tuple[int, ...] = (0,)  # in-context example counts the protocol allows
 
     def budget(self, kind: str = "") -> int:
-        return self.max_new_tokens.get(kind, self.max_new_tokens.get("", 10))
+        from medray.prompts import REFERENCE_MAX_NEW_TOKENS
+
+        return self.max_new_tokens.get(kind, self.max_new_tokens.get("", REFERENCE_MAX_NEW_TOKENS))
 
     def load(self, input_path: Any, **options: Any) -> tuple[Any, Any, dict]:
         return _resolve(self.loader)(input_path, **options)
@@ -53,8 +55,7 @@ DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in (
         name="medqaro", kind="generative", clinical=True,
         loader="medray.data.loaders:load_medqaro",
         synthetic="medray.data.synth_medqaro:write_medqaro",
-        prompt="medray.prompts:medqaro_prompt",
-        max_new_tokens={"": 10}),  # the reference generation budget
+        prompt="medray.prompts:medqaro_prompt"),  # budget: the PromptSpec's
     DatasetSpec(
         name="robiology", kind="mcq", clinical=False,
         loader="medray.data.loaders:load_robiology",

@@ -235,8 +235,7 @@ def serving(cfg: DemoConfig, train_cfg: Any, output: Path, name: str, model: Pat
                     model_id=f"demo-{name}", adapters={name: str(model)} if is_adapter else {},
                     max_lora_rank=train_cfg.lora.r, device="cpu",
                     max_model_len=cfg.serve.max_model_len,
-                    context_tokens=train_cfg.data.context_tokens,
-                    max_new_tokens=train_cfg.data.max_new_tokens, api_keys_env=None,
+                    prompt=train_cfg.prompt, api_keys_env=None,
                     api_keys_file=str(key_file),
                     llm=Replicas(num_replicas=cfg.serve.num_replicas))
     with socket.socket() as s:  # a free port, unless Serve already runs (then its port)
@@ -274,13 +273,12 @@ class SystemEvaluator:
         else:
             engine = EngineSpec(kind="serve", url=endpoint["url"], api_key_env=DEMO_KEY_ENV,
                                 model=endpoint["model"], adapter=endpoint["adapter"])
-        d, e = self.train_cfg.data, self.cfg.eval
+        e = self.cfg.eval
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=self.console) as bar:
             for split in e.splits:
                 ev = EvalConfig(data=self.output / "data", split=split, engine=engine,
-                                prompt_format=d.prompt_format, context_tokens=d.context_tokens,
-                                max_new_tokens=d.max_new_tokens, actors=e.actors,
+                                prompt=self.train_cfg.prompt, actors=e.actors,
                                 max_in_flight=e.max_in_flight, limit=e.limit,
                                 fine_tuned=system == "fine_tuned",
                                 score=ScoreSpec(modes=["medqaro"], by=["question_type"],

@@ -90,8 +90,8 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
     margin = None
     if ("fine_tuned", "test") in by and ("majority", "test") in by:
         margin = by["fine_tuned", "test"]["f1"]["mean"] - by["majority", "test"]["f1"]["mean"]
-    how = HOW.format(resamples=cfg.eval.resamples, max_new=t.data.max_new_tokens,
-                     fmt=t.data.prompt_format, ctx=t.data.context_tokens)
+    how = HOW.format(resamples=cfg.eval.resamples, max_new=t.prompt.max_new_tokens,
+                     fmt=t.prompt.format, ctx=t.prompt.context_tokens)
     extra = write_report([p for by_split in runs.values() for p in by_split.values()],
                          output / "report")
     plot = plot_systems(rows, output / "f1_by_system.png")

@@ -13,6 +13,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from medray.prompts import PromptSpec, load_prompt_spec, moved_prompt_keys, resolve_prompt
+
 
 class Autoscaling(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -72,15 +74,13 @@ class AppConfig(BaseModel):
     api_keys_file: str | None = None
     require_auth: bool = True
 
-    # /v1/qa defaults and limits.
-    prompt_format: Literal["qea", "eqa"] = "qea"
-    context_tokens: int = Field(1024, ge=16)
+    # How /v1/qa and /v1/mcq prompt each served model: None = as it was trained (the
+    # prompt.json medray writes beside an adapter or merged model; the defaults for other
+    # models). Fields set here override the recorded ones, with a warning where they differ.
+    prompt: PromptSpec | None = None
+    # /v1/qa limits.
     max_context_tokens: int | None = None  # defaults to max_model_len
     max_context_chars: int = Field(400_000, ge=1)
-    chunk_tokens: int | None = None  # chunks/retrieve piece size; None = the whole budget
-    max_new_tokens: int = Field(10, ge=1, le=512)  # the reference decodes 10 new tokens
-    # Tokens kept free for the answer inside context_tokens; None = max_new_tokens.
-    reserve: int | None = Field(None, ge=0)
 
     # Limits of every route, checked before anything is tokenised.
     max_body_bytes: int = Field(2_000_000, ge=1024)
@@ -90,13 +90,21 @@ class AppConfig(BaseModel):
     max_batch: int = Field(64, ge=1, description="prompts per completion, messages per chat")
     ready_cache_s: float = Field(5.0, ge=0)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, raw: Any) -> Any:
+        moved = moved_prompt_keys(raw, ("prompt_format", "context_tokens", "max_new_tokens",
+                                        "reserve", "chunk_tokens"))
+        if moved:
+            raise ValueError("; ".join(moved))
+        return raw
+
     @model_validator(mode="after")
     def _limits(self) -> AppConfig:
         limit = self.max_context_tokens or self.max_model_len
-        if self.context_tokens > limit:
-            raise ValueError(f"context_tokens {self.context_tokens} > limit {limit}")
-        if self.reserve is None:
-            self.reserve = self.max_new_tokens
+        if self.prompt is not None and self.prompt.context_tokens > limit:
+            raise ValueError(f"prompt.context_tokens {self.prompt.context_tokens} > limit "
+                             f"{limit}")
         if self.max_context_tokens is None:
             self.max_context_tokens = self.max_model_len
         clash = ({self.model_id} | set(self.adapters)) & set(self.models)
@@ -125,6 +133,19 @@ class AppConfig(BaseModel):
             base_dir=str(Path(self.base_dir or os.getcwd()).resolve()),
         )
         return AppConfig.model_validate(data)
+
+    def served_folders(self) -> dict[str, str]:
+        """Served name (as in /v1/models) -> the folder its prompt.json is read from."""
+        out = {self.model_id: self.model, **self.models}
+        out |= {f"{self.model_id}:{a}": p for a, p in self.adapters.items()}
+        return out
+
+    def prompt_for(self, name: str, warn: Any = None) -> PromptSpec:
+        """The PromptSpec of one served name: its folder's prompt.json (training's) with
+        this config's `prompt` fields over it (a differing field is warned about)."""
+        folder = self.resolve(self.served_folders()[name])
+        recorded = load_prompt_spec(folder) if Path(folder).is_dir() else None
+        return resolve_prompt(recorded, self.prompt, source=f"{name} ({folder})", warn=warn)
 
     def api_keys(self) -> set[str]:
         keys: set[str] = set()

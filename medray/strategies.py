@@ -8,7 +8,7 @@
   chunks that fit the context budget, and put them back in document order (the paper's
   stated future work).
 
-Prompt assembly itself lives in `medray.tokenize.build_prompt_ids` (shared with training);
+Prompt assembly itself lives in `medray.tokenization.build_prompt_ids` (shared with training);
 this module only decides WHICH context tokens go in. Model calls go through a
 `generate(list_of_prompt_ids) -> list[Generation]` callable, so the same code runs inside
 the Serve ingress and in the offline evaluators.
@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from medray.engines.base import Generation
+from medray.prompts import PromptSpec
 
-Strategy = Literal["trim", "chunks", "retrieve"]
-STRATEGIES: tuple[str, ...] = ("trim", "chunks", "retrieve")
 GenerateFn = Callable[[list[list[int]]], list[Generation]]
 
 
@@ -127,21 +126,9 @@ def bm25_select(
 # ---------------------------------------------------------------- running a strategy
 
 
-def _assembler(tokenizer: Any, question: str, fmt: str, context_tokens: int, reserve: int):
-    from medray.tokenize import build_prompt_ids
-
-    def assemble(context_ids: Sequence[int]) -> list[int]:
-        return build_prompt_ids(tokenizer, question, context_ids, fmt, context_tokens, reserve)
-
-    return assemble
-
-
-def context_budget(tokenizer: Any, question: str, fmt: str, context_tokens: int,
-                   reserve: int) -> int:
+def context_budget(tokenizer: Any, question: str, spec: PromptSpec) -> int:
     """How many epicrisis tokens fit: what build_prompt_ids keeps of an over-long context."""
-    from medray.tokenize import context_room, prompt_pieces
-
-    return max(context_room(prompt_pieces(tokenizer, question, fmt), context_tokens, reserve), 0)
+    return max(spec.room(tokenizer, question), 0)
 
 
 @dataclass
@@ -152,35 +139,25 @@ class Plan:
     prompts: list[list[int]]
 
 
-def plan_strategy(
-    tokenizer: Any,
-    question: str,
-    context: str,
-    *,
-    strategy: str = "trim",
-    fmt: str = "qea",
-    context_tokens: int = 1024,
-    chunk_tokens: int | None = None,
-    reserve: int = 0,
-) -> Plan:
-    """Build the prompt(s) for one question over one epicrisis with the chosen strategy."""
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; expected one of {STRATEGIES}")
-    from medray.tokenize import encode_context
+def plan_strategy(tokenizer: Any, question: str, context: str, spec: PromptSpec) -> Plan:
+    """Build the prompt(s) for one question over one epicrisis with spec.strategy."""
+    from medray.tokenization import build_prompt_ids, encode_context
 
-    assemble = _assembler(tokenizer, question, fmt, context_tokens, reserve)
+    def assemble(context_ids: Sequence[int]) -> list[int]:
+        return build_prompt_ids(tokenizer, question, context_ids, spec)
+
     context_ids = encode_context(tokenizer, context)  # as in training: tokenised once
-    if strategy == "trim":
-        return Plan(strategy, [assemble(context_ids)])
-    budget = context_budget(tokenizer, question, fmt, context_tokens, reserve)
-    size = max(min(chunk_tokens or budget, budget), 1)
+    if spec.strategy == "trim":
+        return Plan(spec.strategy, [assemble(context_ids)])
+    budget = context_budget(tokenizer, question, spec)
+    size = max(min(spec.chunk_tokens or budget, budget), 1)
     # An empty epicrisis still gets one (question-only) prompt, as trimming gives it.
     chunks = split_chunks(context_ids, size) or [[]]
-    if strategy == "chunks":
-        return Plan(strategy, [assemble(c) for c in chunks])
+    if spec.strategy == "chunks":
+        return Plan(spec.strategy, [assemble(c) for c in chunks])
     texts = [tokenizer.decode(c, skip_special_tokens=True) for c in chunks]
     keep = bm25_select(question, texts, [len(c) for c in chunks], budget)
-    return Plan(strategy, [assemble([t for i in keep for t in chunks[i]])])
+    return Plan(spec.strategy, [assemble([t for i in keep for t in chunks[i]])])
 
 
 def finish_strategy(plan: Plan, gens: Sequence[Generation]) -> StrategyResult:
@@ -197,8 +174,8 @@ def finish_strategy(plan: Plan, gens: Sequence[Generation]) -> StrategyResult:
 
 
 def run_strategy(generate: GenerateFn, tokenizer: Any, question: str, context: str,
-                 **kwargs: Any) -> StrategyResult:
-    plan = plan_strategy(tokenizer, question, context, **kwargs)
+                 spec: PromptSpec) -> StrategyResult:
+    plan = plan_strategy(tokenizer, question, context, spec)
     return finish_strategy(plan, generate(plan.prompts))
 
 

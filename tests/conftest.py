@@ -124,7 +124,7 @@ def tiny_trained(tiny_model, medqaro_prepared, ray_session, tmp_path_factory) ->
     out = tmp_path_factory.mktemp("tiny_trained") / "run"
     return run_tiny_training(tiny_model, medqaro_prepared, out, [
         "data.max_train_examples=192", "data.max_val_examples=48",
-        "data.val_generate_examples=8", "data.context_tokens=128", "optim.epochs=2",
+        "data.val_generate_examples=8", "prompt.context_tokens=128", "optim.epochs=2",
         "checkpoint.every_steps=2", "fault.max_failures=1", "fault.kill_rank=1",
         "fault.kill_at_step=5", f"fault.kill_marker={out.parent / TRAIN_KILL_MARKER}"])
 
@@ -170,11 +170,12 @@ def serve_app(ray_session, tiny_model, served_adapter, served_merged, tmp_path_f
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    # No prompt settings: the adapter and the merged model are prompted as they were
+    # trained (their prompt.json), the base with the defaults (2048 tokens: max_model_len).
     cfg = AppConfig(model=str(tiny_model), adapters={"ft": str(served_adapter)},
                     models={"medray-ft": str(served_merged)}, device="cpu",
-                    max_model_len=1024, context_tokens=256,
-                    max_context_chars=20_000, api_keys_env=None, api_keys_file=str(keys),
-                    max_new_tokens=6)
+                    max_model_len=2048, max_context_chars=20_000, api_keys_env=None,
+                    api_keys_file=str(keys))
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(cfg), name="medray", route_prefix="/")
     yield f"http://127.0.0.1:{port}", SERVE_KEY, cfg

@@ -69,7 +69,7 @@ def test_eval_through_actors_matches_medray_score(serve_app, medqaro_prepared, t
     monkeypatch.setenv("MEDRAY_TEST_KEY", serve_app[1])
     cfg = load_eval_config(_write_config(
         tmp_path / "eval.yaml", data=str(medqaro_prepared), split="test",
-        engine=_serve_engine(serve_app), context_tokens=128, actors=2, max_in_flight=4,
+        engine=_serve_engine(serve_app), prompt={"context_tokens": 128}, actors=2, max_in_flight=4,
         # WordNet off: loading RoWordNet costs ~16 s per scoring process.
         score={"modes": ["medqaro", "robust"], "by": ["question_type"], "resamples": 200,
                "wordnet": False}))
@@ -104,7 +104,7 @@ def test_cancelled_run_resumes_without_rerequesting(serve_app, medqaro_prepared,
     monkeypatch.setenv("MEDRAY_TEST_KEY", serve_app[1])
     cfg = load_eval_config(_write_config(
         tmp_path / "eval.yaml", data=str(medqaro_prepared), split="test_cross",
-        engine=_serve_engine(serve_app), context_tokens=96, actors=2, max_in_flight=3,
+        engine=_serve_engine(serve_app), prompt={"context_tokens": 96}, actors=2, max_in_flight=3,
         limit=30, score={"resamples": 50, "wordnet": False}))
     out = tmp_path / "run"
 

@@ -127,7 +127,7 @@ def test_resume_with_a_different_config_is_an_error_naming_the_keys(robiology_pr
     with pytest.raises(ValueError, match="different run") as err:
         run_external_eval("hf:scripted", robiology_prepared, out, sample=12, shots=1,
                           injected=engine)
-    assert "sample: 10 -> 12" in str(err.value) and "shots: 0 -> 1" in str(err.value)
+    assert "sample: 10 -> 12" in str(err.value) and "prompt.shots: None -> 1" in str(err.value)
     assert "config.json" in str(err.value)
     assert engine.prompts == [] and (out / "config.json").read_text() == config
     # settings of how a run executes (not what it computes) may change on resume

@@ -91,7 +91,7 @@ def test_readme_tiny_recipe_walk(ray_session, tmp_path):
     # eval --config: the README's example config (2 vLLM actors, 4 requests in flight: the
     # defaults, which used to abort both actors), pointed at this run's outputs
     ev = yaml.safe_load((ROOT / "configs/eval-demo-vllm.yaml").read_text())
-    ev.update(data=str(runs / "data"), limit=6, context_tokens=256)
+    ev.update(data=str(runs / "data"), limit=6, prompt={"context_tokens": 256})
     ev["engine"]["model"] = str(merged)
     ev["score"]["resamples"] = 50
     (tmp_path / "eval.yaml").write_text(yaml.safe_dump(ev))

@@ -72,7 +72,7 @@ def test_report_mixes_generative_and_mcq_runs_of_every_path(tiny_model, medqaro_
     assert res.exit_code == 0, res.output
     for name, data, engine, extra in [
         ("medqaro-hf", medqaro_prepared, {"kind": "hf", "model": str(tiny_model)},
-         {"limit": 6, "context_tokens": 128}),
+         {"limit": 6, "prompt": {"context_tokens": 128}}),
         ("emq-random", europemedqa_prepared, {"kind": "baseline", "baseline": "random"}, {}),
     ]:
         cfg = tmp_path / f"{name}.yaml"

@@ -73,23 +73,25 @@ def test_every_route_but_healthz_needs_a_key(anon, path):
 def test_qa_trim_matches_a_direct_completion_of_the_training_prompt(client, serve_app):
     from transformers import AutoTokenizer
 
-    from medray.tokenize import build_prompt_ids, encode_context
+    from medray.tokenization import build_prompt_ids, encode_context
 
     _, _, cfg = serve_app
     q = "Care este stadiul tumorii?"
     r = client.post("/v1/qa", json={"question": q, "context": CONTEXT})
     assert r.status_code == 200, r.text
     body = r.json()
-    assert set(body) == {"answer", "logprob", "prompt_tokens", "strategy", "model", "adapter"}
+    assert set(body) == {"answer", "logprob", "prompt_tokens", "strategy", "model", "adapter",
+                         "prompt", "prompt_ids"}
     assert body["strategy"] == "trim" and body["model"] == "medray" and body["adapter"] is None
-    assert body["prompt_tokens"] <= cfg.context_tokens - cfg.reserve
+    spec = cfg.prompt_for("medray")  # the base has no prompt.json: the defaults
+    assert body["prompt"] == spec.model_dump() and body["prompt_ids"] is None
+    assert body["prompt_tokens"] <= spec.context_tokens - spec.answer_reserve
     assert body["logprob"] is None or body["logprob"] <= 0
     # The same prompt ids (training assembly) sent raw give the same greedy answer.
     tok = AutoTokenizer.from_pretrained(cfg.model)
-    ids = build_prompt_ids(tok, q, encode_context(tok, CONTEXT), "qea", cfg.context_tokens,
-                           cfg.reserve)
+    ids = build_prompt_ids(tok, q, encode_context(tok, CONTEXT), spec)
     assert len(ids) == body["prompt_tokens"]
-    raw = client.post("/v1/completions", json={"prompt": ids, "max_tokens": cfg.max_new_tokens,
+    raw = client.post("/v1/completions", json={"prompt": ids, "max_tokens": spec.max_new_tokens,
                                                 "temperature": 0, "logprobs": 1})
     assert raw.status_code == 200, raw.text
     choice = raw.json()["choices"][0]
@@ -162,8 +164,10 @@ def test_europemedqa_item_through_serve_gets_its_strict_prompt(client, serve_app
     assert strict.system.startswith("You are answering a medical examination question")
     assert f"QuestionID: {mcq.question_id(item)}" in strict.user
 
+    spec = cfg.prompt_for(cfg.model_id)  # how the served base is prompted
+
     def n_tokens(prompt):
-        return len(tok.encode(mcq.prompt_text(prompt, tok), add_special_tokens=False))
+        return len(tok.encode(mcq.prompt_text(prompt, tok, spec), add_special_tokens=False))
 
     as_biology = mcq.render({**item, "dataset": "robiology", "kind": "single"})
     assert n_tokens(strict) != n_tokens(as_biology)

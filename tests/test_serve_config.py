@@ -24,14 +24,17 @@ def test_repo_serve_configs_are_valid(path, tmp_path):
     assert callable(getattr(importlib.import_module(module), attr))
     assert raw["http_options"]["host"] == "127.0.0.1"
     cfg = AppConfig.model_validate(application["args"])
-    assert cfg.reserve == cfg.max_new_tokens and cfg.max_context_tokens == cfg.max_model_len
+    assert cfg.max_context_tokens == cfg.max_model_len
+    assert cfg.prompt is not None and cfg.prompt.model_fields_set == {"context_tokens"}
 
 
 def test_config_errors(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="adapter_config.json"):
         check_servable(AppConfig(model="m", device="cpu", adapters={"ft": str(tmp_path)}))
-    with pytest.raises(ValueError, match="context_tokens"):
-        AppConfig(model="m", device="cpu", context_tokens=4096, max_model_len=2048)
+    with pytest.raises(ValueError, match="prompt.context_tokens 4096 > limit 2048"):
+        AppConfig(model="m", device="cpu", prompt={"context_tokens": 4096}, max_model_len=2048)
+    with pytest.raises(ValueError, match="'max_new_tokens' moved to 'prompt.max_new_tokens'"):
+        AppConfig(model="m", device="cpu", max_new_tokens=12)
     with pytest.raises(ValueError, match="extra"):
         AppConfig(model="m", device="cpu", surprise=1)
     with pytest.raises(ValueError, match="device"):  # explicit: cpu or gpu, no guessing

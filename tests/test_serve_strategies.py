@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from medray.engines.base import Generation
+from medray.prompts import PromptSpec
 from medray.strategies import (
     bm25_select,
     finish_strategy,
@@ -13,6 +14,11 @@ from medray.strategies import (
     run_strategy,
     split_chunks,
 )
+
+
+def _spec(strategy: str, chunk_tokens: int | None = None, reserve: int = 0) -> PromptSpec:
+    return PromptSpec(strategy=strategy, context_tokens=20, chunk_tokens=chunk_tokens,
+                      reserve=reserve)
 
 
 def test_split_chunks_non_overlapping_and_complete():
@@ -86,20 +92,20 @@ class _FakeTokenizer:
 
 
 def test_plans_use_the_shared_prompt_assembly():
-    from medray.tokenize import build_prompt_ids, encode_context
+    from medray.tokenization import build_prompt_ids, encode_context
 
     tok = _FakeTokenizer()
     context = " ".join(f"w{i}" for i in range(40)) + " stadiul IIA carcinom"
     q = "Care este stadiul?"
-    trim = plan_strategy(tok, q, context, strategy="trim", context_tokens=20, reserve=2)
-    assert trim.prompts == [build_prompt_ids(tok, q, encode_context(tok, context), "qea", 20, 2)]
+    trim = plan_strategy(tok, q, context, _spec("trim", reserve=2))
+    assert trim.prompts == [build_prompt_ids(tok, q, encode_context(tok, context),
+                                             _spec("trim", reserve=2))]
     assert len(trim.prompts[0]) <= 18
 
-    chunks = plan_strategy(tok, q, context, strategy="chunks", context_tokens=20, reserve=2)
+    chunks = plan_strategy(tok, q, context, _spec("chunks", reserve=2))
     assert len(chunks.prompts) > 1 and all(len(p) <= 18 for p in chunks.prompts)
 
-    retrieve = plan_strategy(tok, q, context, strategy="retrieve", context_tokens=20,
-                             chunk_tokens=3, reserve=2)
+    retrieve = plan_strategy(tok, q, context, _spec("retrieve", chunk_tokens=3, reserve=2))
     (prompt,) = retrieve.prompts
     assert len(prompt) <= 18
     text = tok.decode(prompt)
@@ -116,19 +122,17 @@ def test_run_strategy_chunks_votes_over_generations():
     def generate(prompts):
         return [Generation(text=next(answers), logprobs=[-1.0]) for _ in prompts]
 
-    res = run_strategy(generate, tok, "Intrebare?", context, strategy="chunks",
-                       context_tokens=20, chunk_tokens=10)
+    res = run_strategy(generate, tok, "Intrebare?", context, _spec("chunks", chunk_tokens=10))
     assert res.answer == "Nu" and res.votes == {"nu": 2, "da": 1}
     assert res.strategy == "chunks"
     with pytest.raises(ValueError):
-        finish_strategy(plan_strategy(tok, "q", context, strategy="chunks", context_tokens=20,
-                                      chunk_tokens=10), [])
+        finish_strategy(plan_strategy(tok, "q", context, _spec("chunks", chunk_tokens=10)), [])
 
 
 @pytest.mark.parametrize("context", ["", "   ", "..."])
 def test_empty_or_wordless_context_still_gives_one_prompt(context):
     tok = _FakeTokenizer()
     for strategy in ("trim", "chunks", "retrieve"):
-        plan = plan_strategy(tok, "Care este stadiul?", context, strategy=strategy,
-                             context_tokens=20, chunk_tokens=3, reserve=2)
+        plan = plan_strategy(tok, "Care este stadiul?", context,
+                             _spec(strategy, chunk_tokens=3, reserve=2))
         assert len(plan.prompts) == 1 and plan.prompts[0]  # the question, no context

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from medray.prompts import medqaro_prompt, medqaro_target
-from medray.tokenize import (
+from medray.prompts import PromptSpec, medqaro_prompt, medqaro_target
+from medray.tokenization import (
     IGNORE_INDEX,
     BudgetError,
     build_chunk_examples,
@@ -17,6 +17,11 @@ from medray.tokenize import (
 
 Q = "Are pacienta metastaze osoase?"
 A = "Nu"
+
+
+def spec(fmt: str = "qea", context_tokens: int = 2048, reserve: int = 0) -> PromptSpec:
+    """A prompt spec; reserve 0 = room for the answer itself only (the bare arithmetic)."""
+    return PromptSpec(format=fmt, context_tokens=context_tokens, reserve=reserve)
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +41,7 @@ def epicrisis(medqaro_prepared):
 @pytest.mark.parametrize("fmt", ["qea", "eqa"])
 def test_untrimmed_example_equals_reference_string_tokenisation(tok, epicrisis, fmt):
     ctx = encode_context(tok, epicrisis)
-    ex = build_example(tok, Q, A, ctx, fmt, context_tokens=100_000)
+    ex = build_example(tok, Q, A, ctx, spec(fmt, 100_000))
     reference = tok(medqaro_target(medqaro_prompt(Q, epicrisis, fmt), A))["input_ids"]
     assert ex["input_ids"] == reference + [tok.eos_token_id]
 
@@ -45,15 +50,15 @@ def test_training_prompt_is_the_served_prompt_whatever_the_answer_length(tok, ep
     """With reserve = max_new_tokens, the context shown does not depend on the answer (no
     "shorter context -> longer answer" leak) and equals what serving sends."""
     ctx = encode_context(tok, epicrisis)
-    served = build_prompt_ids(tok, Q, ctx, "qea", 120, reserve=10)
+    served = build_prompt_ids(tok, Q, ctx, spec("qea", 120, reserve=10))
     for answer in ("Nu", "Da", "12.03.2019", "carcinom ductal invaziv"):
-        ex = build_example(tok, Q, answer, ctx, "qea", context_tokens=120, reserve=10)
+        ex = build_example(tok, Q, answer, ctx, spec("qea", 120, reserve=10))
         n_target = sum(x != IGNORE_INDEX for x in ex["labels"])
         assert n_target <= 10
         assert ex["input_ids"][:-n_target] == served
     # An answer longer than the reserve still fits the budget (less context shown).
     long = "carcinom ductal invaziv " * 6
-    ex = build_example(tok, Q, long, ctx, "qea", context_tokens=120, reserve=10)
+    ex = build_example(tok, Q, long, ctx, spec("qea", 120, reserve=10))
     assert len(ex["input_ids"]) == 120
 
 
@@ -62,7 +67,7 @@ def test_labels_trimming_and_eos(tok, epicrisis, fmt):
     ctx = encode_context(tok, epicrisis)
     budget = 120
     assert len(ctx) > budget  # the epicrisis must be trimmed
-    ex = build_example(tok, Q, A, ctx, fmt, context_tokens=budget)
+    ex = build_example(tok, Q, A, ctx, spec(fmt, budget))
     ids, labels = ex["input_ids"], ex["labels"]
     assert len(ids) == len(labels) == budget  # fills the budget exactly, never more
     answer = tok.encode(" " + A, add_special_tokens=False)
@@ -82,12 +87,12 @@ def test_labels_trimming_and_eos(tok, epicrisis, fmt):
 
 def test_prompt_for_serving_reserves_room_and_budget_errors(tok, epicrisis):
     ctx = encode_context(tok, epicrisis)
-    prompt = build_prompt_ids(tok, Q, ctx, "qea", context_tokens=200, reserve=10)
+    prompt = build_prompt_ids(tok, Q, ctx, spec("qea", 200, reserve=10))
     assert len(prompt) == 190
     with pytest.raises(BudgetError, match="context budget 12 tokens"):
-        build_prompt_ids(tok, Q, ctx, "qea", context_tokens=12, reserve=0)
+        build_prompt_ids(tok, Q, ctx, spec("qea", 12))
     with pytest.raises(BudgetError):
-        build_example(tok, Q, "un raspuns foarte lung " * 20, ctx, "qea", context_tokens=40)
+        build_example(tok, Q, "un raspuns foarte lung " * 20, ctx, spec("qea", 40))
 
 
 def test_check_budget_names_the_example(tok):
@@ -95,16 +100,16 @@ def test_check_budget_names_the_example(tok):
 
     df = pd.DataFrame({"id": ["train:0", "train:1"], "question": [Q, Q * 10],
                        "answer": [A, A]})
-    assert check_budget(tok, df.head(1), "qea", 64) > 0
-    with pytest.raises(BudgetError, match=r"context_tokens=64.*'train:1'"):
-        check_budget(tok, df, "qea", 64)
+    assert check_budget(tok, df.head(1), spec("qea", 64)) > 0
+    with pytest.raises(BudgetError, match=r"prompt.context_tokens=64.*'train:1'"):
+        check_budget(tok, df, spec("qea", 64))
 
 
 def test_chunks_cover_the_whole_epicrisis_without_overlap(tok, epicrisis):
     ctx = encode_context(tok, epicrisis)
-    exs = build_chunk_examples(tok, Q, A, ctx, "qea", context_tokens=100)
+    exs = build_chunk_examples(tok, Q, A, ctx, spec("qea", 100))
     assert len(exs) > 1 and all(len(e["input_ids"]) <= 100 for e in exs)
-    single = build_example(tok, Q, A, [], "qea", context_tokens=100)
+    single = build_example(tok, Q, A, [], spec("qea", 100))
     fixed = len(single["input_ids"])
     assert sum(len(e["input_ids"]) - fixed for e in exs) == len(ctx)
 
@@ -140,8 +145,8 @@ def test_packed_rows_do_not_attend_across_examples(tiny_model, tok, epicrisis):
     model, _ = load_model_and_tokenizer(str(tiny_model), "fp32")
     model.eval()
     ctx = encode_context(tok, epicrisis)
-    a = build_example(tok, Q, A, ctx, "qea", 60)
-    b = build_example(tok, "Care este stadiul?", "IIIB", ctx[30:], "eqa", 45)
+    a = build_example(tok, Q, A, ctx, spec("qea", 60))
+    b = build_example(tok, "Care este stadiul?", "IIIB", ctx[30:], spec("eqa", 45))
     batch = packed_batch([[a, b]], pad_id=tok.pad_token_id)
     with torch.no_grad():
         packed = model(**model_inputs(batch), use_cache=False).logits[0]
@@ -154,7 +159,7 @@ def test_packed_rows_do_not_attend_across_examples(tiny_model, tok, epicrisis):
 def test_ray_data_pipeline_tokenises_each_epicrisis_once(ray_session, medqaro_prepared,
                                                          tiny_model, tok):
     from medray.data.prepared import load_prepared
-    from medray.tokenize import context_table, examples_dataset, tokenize_contexts
+    from medray.tokenization import context_table, examples_dataset, tokenize_contexts
 
     data = load_prepared(medqaro_prepared)
     contexts = context_table(tokenize_contexts(medqaro_prepared, str(tiny_model)))
@@ -164,13 +169,13 @@ def test_ray_data_pipeline_tokenises_each_epicrisis_once(ray_session, medqaro_pr
     ref = ray_session.put(contexts)
     val = data.split("val").sort_values("id")
     ids = val["id"].head(20).tolist()
-    rows = examples_dataset(medqaro_prepared, "val", str(tiny_model), ref, fmt="qea",
-                            context_tokens=128, ids=ids).take_all()
+    rows = examples_dataset(medqaro_prepared, "val", str(tiny_model), ref, spec("qea", 128),
+                            ids=ids).take_all()
     assert sorted(r["id"] for r in rows) == sorted(ids)
     by_id = {r["id"]: r for r in rows}
     first = val.iloc[0]
     expected = build_example(tok, first.question, first.answer,
-                             encode_context(tok, data.context(first.context_id)), "qea", 128)
+                             encode_context(tok, data.context(first.context_id)), spec("qea", 128))
     assert by_id[first.id]["input_ids"].tolist() == expected["input_ids"]
     assert by_id[first.id]["labels"].tolist() == expected["labels"]
     assert all(r["n_tokens"] <= 128 for r in rows)

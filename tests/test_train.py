@@ -32,6 +32,14 @@ def test_training_lowers_val_loss_and_writes_outputs(tiny_trained):
     assert (adapter / "adapter_config.json").is_file()
     assert (adapter / "adapter_model.safetensors").is_file()
     assert list((tiny_trained / "tensorboard").glob("events.out.tfevents.*"))
+    # The prompt it was trained with, beside the adapter (what Serve and eval read back).
+    from medray.prompts import PromptSpec, load_prompt_spec
+
+    trained = PromptSpec.model_validate(m["config"]["prompt"])
+    assert trained.context_tokens == 128 and trained.answer_reserve == 10
+    assert load_prompt_spec(adapter) == trained
+    checkpoints = list((tiny_trained / "ray").glob("*/checkpoint_*/adapter"))
+    assert checkpoints and all(load_prompt_spec(c) == trained for c in checkpoints)
 
 
 def test_adapter_loads_in_transformers_and_changes_the_model(tiny_trained, tiny_model):
@@ -59,10 +67,14 @@ def test_export_merge_matches_peft(tiny_trained, tmp_path):
 
     from medray.cli import app
     from medray.models import load_model_and_tokenizer
+    from medray.prompts import load_prompt_spec
 
     res = CliRunner().invoke(app, ["export", str(tiny_trained), "--merge", "--out",
                                    str(tmp_path / "merged")])
     assert res.exit_code == 0, res.output
+    # The merged model is prompted as its adapter was trained.
+    assert load_prompt_spec(tmp_path / "merged") == load_prompt_spec(tiny_trained / "adapter")
+    assert load_prompt_spec(tmp_path / "merged") is not None
     merged, tok = load_model_and_tokenizer(str(tmp_path / "merged"), "fp32")
     base_path = json.loads((tiny_trained / "adapter" / "adapter_config.json").read_text())[
         "base_model_name_or_path"]

@@ -25,9 +25,9 @@ def test_paper_defaults_and_overrides(tmp_path):
     assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.micro_batch_size,
             cfg.optim.grad_accum, cfg.optim.epochs, cfg.model.dtype) == (2e-5, 100, 1, 8, 3, "bf16")
     cfg = load_config(p, ["optim.lr=1e-3", "deepspeed.stage=3", "lora.target_modules=[q_proj]",
-                          "data.context_tokens=3072"])
+                          "prompt.context_tokens=3072"])
     assert cfg.optim.lr == 1e-3 and cfg.deepspeed.stage == 3
-    assert cfg.lora.target_modules == ["q_proj"] and cfg.data.context_tokens == 3072
+    assert cfg.lora.target_modules == ["q_proj"] and cfg.prompt.context_tokens == 3072
 
 
 @pytest.mark.parametrize("bad, key", [
@@ -77,18 +77,18 @@ def test_every_shipped_training_config_validates():
 
 def test_preflight_fails_before_workers(tiny_model, medqaro_prepared, tmp_path):
     from medray.models import LoraTargetError
-    from medray.tokenize import BudgetError
+    from medray.tokenization import BudgetError
     from medray.train.presets import tiny_config
     from medray.train.trainer import preflight
 
     plan = preflight(tiny_config(tiny_model, medqaro_prepared))
-    assert plan["lora_targets"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert plan.lora_targets == ["q_proj", "k_proj", "v_proj", "o_proj"]
     with pytest.raises(FileNotFoundError, match="model.name_or_path"):
         preflight(tiny_config(tmp_path / "no-model", medqaro_prepared))
     with pytest.raises(LoraTargetError, match=r"\['qkv_proj'\]"):
         preflight(tiny_config(tiny_model, medqaro_prepared, ["lora.target_modules=[qkv_proj]"]))
-    with pytest.raises(BudgetError, match="data.context_tokens=16"):
-        preflight(tiny_config(tiny_model, medqaro_prepared, ["data.context_tokens=16"]))
+    with pytest.raises(BudgetError, match="prompt.context_tokens=16"):
+        preflight(tiny_config(tiny_model, medqaro_prepared, ["prompt.context_tokens=16"]))
     with pytest.raises(FileNotFoundError, match="data.path"):
         preflight(tiny_config(tiny_model, tmp_path))
 

@@ -39,13 +39,13 @@ def test_missing_data_fails_in_preflight(tiny_model, tmp_path):
 
 def test_an_extreme_value_of_the_space_is_checked(tiny_model, medqaro_prepared, tmp_path):
     raw = yaml.safe_load(SPACE.read_text())
-    raw["fixed"].pop("data.context_tokens", None)
-    raw["params"]["data.context_tokens"] = [512, 24]  # 24 tokens cannot hold a prompt
+    raw["fixed"].pop("prompt.context_tokens", None)
+    raw["params"]["prompt.context_tokens"] = [512, 24]  # 24 tokens cannot hold a prompt
     space = tmp_path / "space.yaml"
     space.write_text(yaml.safe_dump(raw))
     base = [f"model.name_or_path={tiny_model}", f"data.path={medqaro_prepared}"]
     plan = plan_sweep(CONFIG, space, tmp_path / "o", base, search="grid")
-    with pytest.raises(ConfigError, match=r"data\.context_tokens=24"):
+    with pytest.raises(ConfigError, match=r"prompt\.context_tokens=24"):
         preflight_sweep(plan, log=lambda *_: None)
     ok = plan_sweep(CONFIG, SPACE, tmp_path / "o2", base)
     logs: list[str] = []

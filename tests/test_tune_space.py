@@ -37,7 +37,7 @@ def test_paper_space_is_the_papers_grid():
         "lora.dropout": [0.0, 0.05, 0.1, 0.15, 0.2],  # step 0.05, no float noise
         "lora.r": [4, 6, 8, 10],
         "lora.alpha": [8, 16, 32],
-        "data.context_tokens": [1024, 2048, 3072, 4096],
+        "prompt.context_tokens": [1024, 2048, 3072, 4096],
     }
     assert space.grid_size() == 4 * 5 * 4 * 3 * 4
     assert space.params["optim.lr"].log_scale
@@ -125,7 +125,7 @@ def test_random_and_optuna_sample_inside_the_space():
         assert 1e-6 <= cfg["optim.lr"] <= 1e-3
         assert clean_value(cfg["lora.dropout"]) in (0.0, 0.05, 0.1, 0.15, 0.2)
         assert cfg["lora.r"] in (4, 6, 8, 10) and cfg["lora.alpha"] in (8, 16, 32)
-        assert cfg["data.context_tokens"] in (1024, 2048, 3072, 4096)
+        assert cfg["prompt.context_tokens"] in (1024, 2048, 3072, 4096)
     dom = space.tune_param_space("random")["optim.lr"]
     draws = dom.sample(size=200)
     assert min(draws) >= 1e-6 and max(draws) <= 1e-3

@@ -137,7 +137,7 @@ def eval_cmd(
     except (OutputRefused, RunMismatch) as err:
         fail(str(err))
     with command_console("eval", output / "logs", verbose=verbose) as display:
-        summary = _run(plan, output, display, address, num_cpus)
+        summary = _run(cfg, plan, output, display, address, num_cpus)
     _print_summary(summary, output, as_json)
 
 
@@ -188,7 +188,7 @@ def _plan(cfg: Any, dry_run: bool, shorthand: bool) -> Any:
     return plan
 
 
-def _run(plan: Any, output: Path, display: Any, address: str | None,
+def _run(cfg: Any, plan: Any, output: Path, display: Any, address: str | None,
          num_cpus: int | None) -> dict:
     """The runner under the console: a bar of answered items, then scoring."""
     from medray.data.schema import DataError
@@ -197,7 +197,6 @@ def _run(plan: Any, output: Path, display: Any, address: str | None,
     from medray.eval.runio import RunMismatch
     from medray.eval.runner import run_eval
 
-    cfg = plan.cfg
     with display.stage(f"evaluate {cfg.split} ({cfg.engine})"):
         if plan.executor == "ray":
             _init_ray(address, num_cpus)

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from medray.choices import Compat, Dataset, PromptFormat, Scale
+from medray.prompts import REFERENCE_MAX_NEW_TOKENS
 
 data_app = typer.Typer(rich_markup_mode=None,
                        help="Synthesise, prepare and inspect benchmark data.",
@@ -151,18 +152,36 @@ def prompt(
                       ] = PromptFormat.qea,
     context_tokens: Annotated[int | None, typer.Option(
         help="MedQARo: trim the epicrisis so the prompt fits N tokens")] = None,
+    max_new_tokens: Annotated[int, typer.Option(
+        help="MedQARo: tokens kept free for the answer inside --context-tokens")
+                              ] = REFERENCE_MAX_NEW_TOKENS,
     tokenizer: Annotated[str | None, typer.Option(
         help="tokenizer for --context-tokens (hub id or path); default: whitespace words")] = None,
     shots: Annotated[int, typer.Option(help="RoBiology: 0, 1, 3 or 5 examples")] = 0,
+    seed: Annotated[int, typer.Option(help="RoBiology: seed of the shot picker, as in "
+                                      "`medray eval`")] = 0,
+    chat_template: Annotated[bool, typer.Option(
+        help="apply the tokenizer's chat template (needs --tokenizer)")] = False,
 ) -> None:
     """Print the rendered prompt of one example, exactly as training and serving see it."""
+    from pydantic import ValidationError
+
     from medray.data.prepared import load_prepared
     from medray.data.render import render_example
+    from medray.prompts import PromptSpec
 
     try:
+        fields = {"format": format.value, "max_new_tokens": max_new_tokens, "shots": shots,
+                  "chat_template": chat_template}
+        if context_tokens is not None:
+            fields["context_tokens"] = context_tokens
+        spec = PromptSpec(**fields)
         data = load_prepared(directory)
-        text = render_example(data, id, fmt=format.value, context_tokens=context_tokens,
-                              tokenizer=tokenizer, shots=shots)
+        text = render_example(data, id, spec, trim=context_tokens is not None,
+                              tokenizer=tokenizer, seed=seed)
+    except ValidationError as err:
+        first = err.errors()[0]
+        raise fail(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
     except (KeyError, ValueError, FileNotFoundError) as err:
         raise fail(str(err).strip("'\"")) from None
     sys.stdout.write(text + "\n")

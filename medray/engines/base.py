@@ -19,6 +19,7 @@ class Generation:
     logprobs: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     raw: str | None = None
+    prompt_ids: list[int] = field(default_factory=list)  # as the engine received them
 
     @property
     def n_tokens(self) -> int:

@@ -15,7 +15,8 @@ from typing import Any
 
 class EvalWorker:
     def __init__(self, config: dict[str, Any], api_key: str | None = None,
-                 shots: Mapping[str, Sequence[dict]] | None = None, loglik: bool = False) -> None:
+                 shots: Mapping[str, Sequence[dict]] | None = None, loglik: bool = False,
+                 max_new_tokens: int | None = None) -> None:
         from medray.data.prepared import load_prepared
         from medray.eval.config import EvalConfig
         from medray.eval.predict import Predictor
@@ -24,7 +25,8 @@ class EvalWorker:
         data = load_prepared(cfg.data)  # each actor keeps the epicrises once
         # The key comes from the driver (actors do not see its environment).
         kwargs = {"api_key": api_key} if cfg.engine.kind == "serve" else {}
-        self.predictor = Predictor(cfg, data, shots=shots, loglik=loglik, **kwargs)
+        self.predictor = Predictor(cfg, data, shots=shots, loglik=loglik,
+                                   max_new_tokens=max_new_tokens, **kwargs)
 
     def ready(self) -> bool:
         return True
@@ -44,20 +46,21 @@ def worker_class(cfg: Any, max_concurrency: int) -> Any:
     return ray.remote(**cfg.engine.actor_options(), max_concurrency=max_concurrency)(EvalWorker)
 
 
-def run_pool(cfg: Any, pending: list[dict], write: Callable[[dict], None], *,
-             api_key: str | None = None, shots: Mapping[str, Sequence[dict]] | None = None,
-             loglik: bool = False) -> int:
+def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
+             api_key: str | None = None) -> int:
     """Send `pending` through `cfg.actors` actors; `write(row)` as each answer arrives.
     Returns the number of requests made."""
     import ray
 
+    cfg = plan.cfg
     n_actors = min(cfg.actors, len(pending))
     # vLLM's offline engine is not thread-safe: two threads in one actor calling it at once
     # abort the process, so an in-process vLLM actor takes one request at a time.
     per_actor = 1 if cfg.engine.kind == "vllm" else max(1, -(-cfg.max_in_flight // n_actors))
     worker_cls = worker_class(cfg, per_actor)
     config = cfg.model_dump(mode="json")
-    actors = [worker_cls.remote(config, api_key, shots, loglik) for _ in range(n_actors)]
+    actors = [worker_cls.remote(config, api_key, plan.shots, plan.loglik, plan.max_new_tokens)
+              for _ in range(n_actors)]
     ray.get([a.ready.remote() for a in actors])
     queue = list(reversed(pending))
     in_flight: dict[Any, int] = {}

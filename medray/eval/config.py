@@ -12,9 +12,9 @@ Example (served model; `MEDRAY_API_KEY` holds the bearer key)::
     #engine: {kind: baseline, baseline: random-token, tokens: 1024, seed: 0}
     #engine: {kind: hf, model: runs/demo/model}           # in-process transformers
     #engine: {kind: openai, model: gpt-4o-mini}           # also anthropic (API key in env)
-    prompt_format: qea
-    context_tokens: 1024
-    strategy: trim                  # trim | chunks | retrieve
+    # prompt: as the model was trained (its prompt.json) unless set here, e.g.
+    #prompt: {context_tokens: 1024, strategy: chunks}   # trim | chunks | retrieve
+    #prompt: {shots: 3}             # multiple choice: in-context examples per kind
     actors: 2
     max_in_flight: 8
     score: {modes: [medqaro, robust], by: [question_type, cancer_type], resamples: 1000}
@@ -26,9 +26,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from medray.engines.registry import EngineSpec, parse_spec
+from medray.prompts import PromptSpec, moved_prompt_keys
 
 __all__ = ["EngineSpec", "EvalConfig", "ScoreSpec", "engine_config", "load_eval_config"]
 
@@ -47,22 +48,31 @@ class EvalConfig(BaseModel):
     data: Path
     split: str = "test"
     engine: EngineSpec
-    prompt_format: Literal["qea", "eqa"] = "qea"
-    context_tokens: int = Field(1024, ge=16)
-    strategy: Literal["trim", "chunks", "retrieve"] = "trim"
-    max_new_tokens: int | None = Field(None, ge=1)  # None: the dataset's (per kind for MCQ)
-    shots: int = Field(0, ge=0)  # multiple choice: in-context examples per kind
+    # None: as the evaluated model was trained (the prompt.json beside its adapter or
+    # merged model; for `serve`, what the endpoint reports); fields set here override it.
+    # Multiple choice: `shots` per kind; each item's budget is its dataset's minimal one
+    # unless `max_new_tokens` is set here.
+    prompt: PromptSpec | None = None
     group_as_multiple: bool = False  # ask group items as multiple choice over statements
     loglik: bool | None = None  # MCQ option log-likelihood; None: engines that score options
     sample: int | None = Field(None, ge=1)  # seeded random subset of N items (the papers')
     seed: int = 0  # seed of `sample` and of the shots
     limit: int | None = Field(None, ge=1)  # first N items of the split (smoke runs)
     allow_external_api: bool = False  # clinical text to an external provider (opt-in)
-    cache: Path | None = None  # API response cache (default: see medray.eval.runner)
+    cache: Path | None = None  # API response cache (default: see medray.eval.plan)
     actors: int = Field(2, ge=1)
     max_in_flight: int = Field(4, ge=1)  # requests outstanding across all actors
     fine_tuned: bool | None = None  # for the report's "fine-tuned" column
     score: ScoreSpec = Field(default_factory=ScoreSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, raw: Any) -> Any:
+        moved = moved_prompt_keys(raw, ("prompt_format", "context_tokens", "strategy",
+                                        "max_new_tokens"))
+        if moved:
+            raise ValueError("; ".join(moved))
+        return raw
 
 
 # Settings that change how the run is executed, not what it computes: a resume may change
@@ -89,11 +99,14 @@ def engine_config(engine: str, data: str | Path, *, base_url: str | None = None,
 
         if json.loads((Path(data) / "manifest.json").read_text()).get("kind") == "mcq":
             by = ["language", "modality"]
+    shots = fields.pop("shots", 0)
     try:
+        if shots:
+            fields["prompt"] = PromptSpec(shots=shots)
         return EvalConfig(data=Path(data), engine=spec, seed=seed,
                           score=ScoreSpec(modes=["medqaro"], by=by, seed=seed), **fields)
     except ValidationError as err:
-        raise ValueError("; ".join(f"--{'-'.join(map(str, e['loc']))}: {e['msg']}"
+        raise ValueError("; ".join(f"--{'-'.join(map(str, e['loc'])) or 'shots'}: {e['msg']}"
                                    for e in err.errors())) from None
 
 

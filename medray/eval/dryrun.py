@@ -3,7 +3,6 @@ text), the item count and a token/cost estimate. It never builds an engine."""
 
 from __future__ import annotations
 
-from medray.datasets import dataset_spec
 from medray.engines.accounting import PRICES_AS_OF, cost_usd, estimate_tokens
 from medray.eval import mcq
 from medray.eval.plan import EvalPlan
@@ -21,12 +20,12 @@ def dry_run_report(plan: EvalPlan, show: int = 2) -> dict:
             ex = mcq.example_dict(row)
             p = mcq.render(ex, plan.shots, cfg.group_as_multiple)
             in_tok += estimate_tokens(p.text) + IMAGE_TOKENS_ESTIMATE * len(ex["images"])
-            out_tok += cfg.max_new_tokens or mcq.max_new_tokens(ex, cfg.group_as_multiple)
+            out_tok += plan.budget(ex)
             n_images += len(ex["images"])
             if i < show:
                 shown.append(p.messages())
     else:
-        budget = cfg.max_new_tokens or dataset_spec(data.dataset).budget()
+        budget = plan.budget()
         for i, (q, c) in enumerate(zip(items["question"], items["context_id"], strict=True)):
             prompt = medqaro_prompt(q, data.context(c))
             in_tok += estimate_tokens(prompt)

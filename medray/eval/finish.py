@@ -19,7 +19,6 @@ import numpy as np
 import pandas as pd
 
 from medray.data.prepared import PreparedData
-from medray.datasets import dataset_spec
 from medray.eval import runio
 from medray.eval.config import ScoreSpec
 from medray.eval.metrics.bootstrap import bootstrap_means
@@ -115,37 +114,38 @@ def _mcq_extras(result: dict, score: ScoreSpec, preds: dict[str, dict], scored: 
 
 def _prompt_record(plan: EvalPlan) -> tuple[str | None, int | None, str]:
     """(prompt_format, context_tokens, description) of what the model read."""
-    cfg, spec, data = plan.cfg, plan.cfg.engine, plan.data
-    budget = cfg.max_new_tokens or dataset_spec(data.dataset).budget()
+    cfg, spec, data, p = plan.cfg, plan.cfg.engine, plan.data, plan.prompt
     if data.kind == "mcq":
-        desc = (f"mcq prompt per kind ({data.dataset}), {cfg.shots}-shot"
-                + (f" (train-split shots, seed {cfg.seed})" if cfg.shots else "")
+        desc = (f"mcq prompt per kind ({data.dataset}), {p.shots}-shot"
+                + (f" (train-split shots, seed {cfg.seed})" if p.shots else "")
                 + ("; group items asked as multiple choice over the statements"
                    if cfg.group_as_multiple else ""))
-        return f"mcq:{data.dataset}:{cfg.shots}shot", None, desc
+        return f"mcq:{data.dataset}:{p.shots}shot", None, desc
     if spec.kind == "baseline":
         tokens = spec.tokens if spec.baseline == "random-token" else None
-        return cfg.prompt_format, tokens, f"none (baseline {spec.baseline})"
+        return None, tokens, f"none (baseline {spec.baseline})"
     if spec.external:
         return ("qea:full", None, "qea (question, whole epicrisis, answer), 0-shot, at most "
-                f"{budget} new tokens")
-    return (cfg.prompt_format, cfg.context_tokens,
-            f"{cfg.prompt_format}, epicrisis fitted to {cfg.context_tokens} tokens "
-            f"({cfg.strategy}), at most {budget} new tokens")
+                f"{plan.budget()} new tokens")
+    return (p.format, p.context_tokens,
+            f"{p.format}, epicrisis fitted to {p.context_tokens} tokens ({p.strategy}), at "
+            f"most {plan.budget()} new tokens")
 
 
 def run_record(plan: EvalPlan, stats: dict) -> dict[str, Any]:
     cfg, spec, data = plan.cfg, plan.cfg.engine, plan.data
     prompt_format, context_tokens, prompt = _prompt_record(plan)
     of = int(len(data.split(cfg.split)))
+    local = data.kind == "generative" and spec.kind != "baseline" and not spec.external
     return {
         "dataset": data.dataset, "kind": data.kind, "split": cfg.split,
         "engine": spec.kind, "engine_spec": str(spec), "model": spec.label,
         "adapter": spec.adapter,
         "fine_tuned": cfg.fine_tuned if cfg.fine_tuned is not None else spec.adapter is not None,
         "prompt_format": prompt_format, "context_tokens": context_tokens,
-        "strategy": cfg.strategy if data.kind == "generative" else None,
-        "max_new_tokens": cfg.max_new_tokens, "shots": cfg.shots,
+        "strategy": plan.prompt.strategy if local else None,
+        "prompt_spec": cfg.prompt.model_dump(mode="json") if cfg.prompt else None,
+        "max_new_tokens": plan.max_new_tokens, "shots": plan.prompt.shots,
         "group_as_multiple": cfg.group_as_multiple, "prompt": prompt,
         "sample": {"n": int(len(plan.items)), "seed": cfg.seed, "of": of} if cfg.sample
         else None,

@@ -7,8 +7,9 @@ whoever asks it.
   kind, with k shots from the train split picked by `pick_shots` (seeded; the same shots
   for every item of a kind). Group items can be asked as multiple choice over their
   statements and mapped back to a letter (`group_as_multiple`).
-- The chat template is applied in `prompt_text` only: engines with a tokenizer that has one
-  get it, chat APIs get the system/user pair, anything else the flattened text.
+- Text-completion engines read `prompt_text`: the chat template when the model's PromptSpec
+  says so (`chat_template`), else the flattened system + user text; chat APIs get the
+  system/user pair.
 - Reading: EuropeMedQA replies start with the question id ("IT0001: A"); another item's id
   makes the reply non-conforming. Letters come from the metrics module's extractors.
 """
@@ -25,7 +26,7 @@ import pandas as pd
 
 from medray.datasets import dataset_spec
 from medray.eval.metrics.mcq import extract_answer, extract_statements, statements_to_group
-from medray.prompts import ChatPrompt, mcq_prompt
+from medray.prompts import ChatPrompt, PromptSpec, mcq_prompt
 
 _ID_PREFIX = re.compile(r"^\s*(?:question\s*id\s*[:=]?\s*)?\**([A-Z]{2}\d{1,6})\**\s*[:\-–]\s*",
                         re.IGNORECASE)
@@ -85,12 +86,11 @@ def render(ex: Mapping[str, Any], shots: Mapping[str, Sequence[dict]] | None = N
     return mcq_prompt(ex, list(shots.get(str(ex["kind"]), [])))
 
 
-def prompt_text(prompt: ChatPrompt, tokenizer: Any = None) -> str:
-    """What a text-completion engine reads: the chat template when the tokenizer has one."""
-    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(prompt.messages(), tokenize=False,
-                                             add_generation_prompt=True)
-    return prompt.text
+def prompt_text(prompt: ChatPrompt, tokenizer: Any = None, spec: PromptSpec | None = None
+                ) -> str:
+    """What a text-completion engine reads: the model's PromptSpec decides whether its chat
+    template is applied (PromptSpec.chat_text, the one place that applies one)."""
+    return (spec or PromptSpec()).chat_text(tokenizer, prompt)
 
 
 def max_new_tokens(ex: Mapping[str, Any], group_as_multiple: bool = False) -> int:

@@ -16,11 +16,12 @@ from medray.data.prepared import PreparedData, load_prepared
 from medray.eval import mcq
 from medray.eval.config import EvalConfig
 from medray.eval.governance import GovernanceError, check_external_use
+from medray.prompts import PromptSpec
 
 
 @dataclass
 class EvalPlan:
-    cfg: EvalConfig
+    cfg: EvalConfig  # with `prompt` resolved against the evaluated model's own
     data: PreparedData
     items: pd.DataFrame  # the selected items, in table order
     governance: dict
@@ -28,6 +29,19 @@ class EvalPlan:
     skipped_images: list[str] = field(default_factory=list)  # not asked: text-only engine
     loglik: bool = False
     executor: str = "local"
+    max_new_tokens: int | None = None  # set in the config: else each dataset's budget
+
+    @property
+    def prompt(self) -> PromptSpec:
+        return self.cfg.prompt or PromptSpec()
+
+    def budget(self, ex: Any = None) -> int:
+        """Generation budget: the configured one, else the item's dataset and kind's."""
+        if self.max_new_tokens:
+            return self.max_new_tokens
+        if ex is None or self.data.kind == "generative":
+            return self.prompt.max_new_tokens
+        return mcq.max_new_tokens(ex, self.cfg.group_as_multiple)
 
     @property
     def asked(self) -> pd.DataFrame:
@@ -64,12 +78,16 @@ def plan_eval(cfg: EvalConfig, *, engine: Any = None, dry_run: bool = False) -> 
         items = items.iloc[: cfg.limit].reset_index(drop=True)
     if items.empty:
         raise ValueError(f"{cfg.data}: split {cfg.split!r} has no items")
-    plan = EvalPlan(cfg, data, items, governance,
-                    executor="local" if engine is not None else spec.entry.executor)
+    given = cfg.prompt
+    plan = EvalPlan(cfg.model_copy(update={"prompt": _prompt(cfg, dry_run)}), data, items,
+                    governance, executor="local" if engine is not None else spec.entry.executor,
+                    max_new_tokens=given.max_new_tokens if given is not None
+                    and "max_new_tokens" in given.model_fields_set else None)
+    shots = plan.prompt.shots
     if data.kind == "mcq" and spec.kind == "serve" and cfg.group_as_multiple:
         raise ValueError("group_as_multiple: Serve's /v1/mcq asks items as their own kind")
     if data.kind == "mcq" and spec.kind != "baseline":
-        plan.shots = mcq.shot_sets(data.examples, list(items["kind"]), cfg.shots, cfg.seed)
+        plan.shots = mcq.shot_sets(data.examples, list(items["kind"]), shots, cfg.seed)
         images_ok = (getattr(engine, "supports_images", False) if engine is not None
                      else spec.external)
         if not images_ok:
@@ -79,10 +97,24 @@ def plan_eval(cfg: EvalConfig, *, engine: Any = None, dry_run: bool = False) -> 
             spec.kind in ("hf", "vllm"))
         plan.loglik = cfg.loglik if cfg.loglik is not None else (
             scores and not spec.external and not hasattr(engine, "chat"))
-    elif cfg.shots:
-        raise ValueError(f"shots: {data.dataset} is {data.kind}; in-context examples are for "
-                         "multiple-choice data")
+    elif shots:
+        raise ValueError(f"prompt.shots: {data.dataset} is {data.kind}; in-context examples "
+                         "are for multiple-choice data")
     return plan
+
+
+def _prompt(cfg: EvalConfig, dry_run: bool) -> PromptSpec | None:
+    """The evaluated model's recorded prompt with the config's fields over it (the model's
+    own unless the config says otherwise); a dry run asks no endpoint."""
+    if cfg.engine.kind == "baseline":
+        return cfg.prompt
+    if dry_run:
+        return cfg.prompt or PromptSpec()
+    from medray.eval.prompting import resolve_eval_prompt
+
+    key_env = cfg.engine.engine_kwargs().get("api_key_env")
+    api_key = os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env else None
+    return resolve_eval_prompt(cfg, api_key)
 
 
 def plain_row(row: dict[str, Any]) -> dict[str, Any]:

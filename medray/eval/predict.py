@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from medray.datasets import dataset_spec
 from medray.eval import mcq
 from medray.eval.config import EvalConfig
 from medray.eval.runio import prediction_row
+from medray.prompts import PromptSpec
 
 
 def baseline_rows(cfg: EvalConfig, data: Any) -> list[dict]:
@@ -47,9 +47,11 @@ class Predictor:
 
     def __init__(self, cfg: EvalConfig, data: Any, *, engine: Any = None,
                  shots: Mapping[str, Sequence[dict]] | None = None, loglik: bool = False,
-                 **engine_kwargs: Any) -> None:
+                 max_new_tokens: int | None = None, **engine_kwargs: Any) -> None:
         self.cfg, self.data = cfg, data
         self.spec = cfg.engine
+        self.prompt = cfg.prompt or PromptSpec()  # resolved by the planner
+        self.max_new_tokens = max_new_tokens  # configured; else each dataset's budget
         self.shots = shots or {}
         self.loglik = loglik
         self._baseline: dict[str, dict] = {}
@@ -89,30 +91,33 @@ class Predictor:
 
     # ----------------------------------------------------------------- generative
     def _generative_budget(self) -> int:
-        return self.cfg.max_new_tokens or dataset_spec(self.data.dataset).budget()
+        return self.max_new_tokens or self.prompt.max_new_tokens
 
     def _serve_qa(self, ex: Mapping[str, Any]) -> dict[str, Any]:
-        cfg = self.cfg
+        # Every prompt setting is sent: Serve then prompts exactly as this run says (the
+        # served model's own spec unless the eval config overrides it).
+        p = self.prompt
         res = self.engine.qa(ex["question"], self.data.context(ex["context_id"]),
-                             prompt_format=cfg.prompt_format,
-                             context_tokens=cfg.context_tokens, strategy=cfg.strategy)
-        return self._row(ex, res["answer"], logprob=res["logprob"],
-                         prompt_format=cfg.prompt_format, context_tokens=cfg.context_tokens,
-                         strategy=cfg.strategy)
+                             prompt_format=p.format, context_tokens=p.context_tokens,
+                             strategy=p.strategy, max_new_tokens=self._generative_budget())
+        return self._row(ex, res["answer"], logprob=res["logprob"], prompt_format=p.format,
+                         context_tokens=p.context_tokens, strategy=p.strategy,
+                         prompt_tokens=res.get("prompt_tokens"))
 
     def _strategy(self, ex: Mapping[str, Any]) -> dict[str, Any]:
         from medray.strategies import run_strategy
 
-        cfg, budget = self.cfg, self._generative_budget()
+        p, budget = self.prompt, self._generative_budget()
+        if budget != p.max_new_tokens:
+            p = p.model_copy(update={"max_new_tokens": budget})
         generate = getattr(self.engine, "generate_ids", self.engine.generate)
         res = run_strategy(lambda prompts: generate(prompts, max_new_tokens=budget),
                            self.engine.tokenizer, ex["question"],
-                           self.data.context(ex["context_id"]), strategy=cfg.strategy,
-                           fmt=cfg.prompt_format, context_tokens=cfg.context_tokens,
-                           reserve=budget)
+                           self.data.context(ex["context_id"]), p)
         return self._row(ex, res.answer, raw_output=res.raw, logprob=res.logprob,
-                         n_tokens=res.n_tokens, prompt_format=cfg.prompt_format,
-                         context_tokens=cfg.context_tokens, strategy=cfg.strategy)
+                         n_tokens=res.n_tokens, prompt_format=p.format,
+                         context_tokens=p.context_tokens, strategy=p.strategy,
+                         prompt_tokens=res.prompt_tokens)
 
     def _whole_context(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         from medray.prompts import medqaro_prompt
@@ -138,14 +143,14 @@ class Predictor:
         return {"kind": ex["kind"], "language": ex.get("language"),
                 "n_images_sent": n_images_sent,
                 "prompt_format": f"mcq:{ex['dataset']}:{ex['kind']}:asked-{asked}:"
-                                 f"{self.cfg.shots}shot"}
+                                 f"{self.prompt.shots}shot"}
 
     def _budget(self, ex: dict) -> int:
-        return self.cfg.max_new_tokens or mcq.max_new_tokens(ex, self.cfg.group_as_multiple)
+        return self.max_new_tokens or mcq.max_new_tokens(ex, self.cfg.group_as_multiple)
 
     def _serve_mcq(self, ex: dict) -> dict[str, Any]:
         res = self.engine.mcq(ex, self.shots.get(str(ex["kind"]), ()),
-                              max_new_tokens=self.cfg.max_new_tokens)
+                              max_new_tokens=self.max_new_tokens)
         text, _, _ = mcq.read_answer(res["raw"], ex)  # the route read it the same way
         return self._row(ex, text, raw_output=res["raw"], conforming=res["conforming"],
                          labels=list(res["answer"]), **self._mcq_fields(ex))
@@ -168,7 +173,8 @@ class Predictor:
                 res = self.engine.chat(reqs, max_new_tokens=budget)
             else:
                 tok = getattr(self.engine, "tokenizer", None)
-                res = self.engine.generate([mcq.prompt_text(prompts[i], tok) for i in idx],
+                res = self.engine.generate([mcq.prompt_text(prompts[i], tok, self.prompt)
+                                            for i in idx],
                                            max_new_tokens=budget)
             for i, gen in zip(idx, res, strict=True):
                 gens[i] = gen

@@ -28,9 +28,12 @@ BATCH = 16  # in-process: items per engine call (a crash loses at most one batch
 
 
 def config_record(cfg: EvalConfig) -> dict[str, Any]:
-    """config.json: the resolved config (no key: only the name of its variable)."""
+    """config.json: the config as given, paths resolved (no key: only the name of its
+    variable); `prompt` holds the fields it set (the model's own prompt is in metrics.json)."""
     record = cfg.model_dump(mode="json")
     record["data"] = str(Path(cfg.data).resolve())
+    if cfg.prompt is not None:
+        record["prompt"] = cfg.prompt.model_dump(mode="json", exclude_unset=True)
     return record
 
 
@@ -79,8 +82,7 @@ def predict(plan: EvalPlan, out: Path, engine: Any = None,
             key_env = cfg.engine.engine_kwargs().get("api_key_env")
             api_key = os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env \
                 else None
-            stats["requested"] = run_pool(cfg, pending, write, api_key=api_key,
-                                          shots=plan.shots, loglik=plan.loglik)
+            stats["requested"] = run_pool(plan, pending, write, api_key=api_key)
         else:
             info = _run_local(plan, pending, engine, write, stats)
     return stats, info
@@ -94,7 +96,7 @@ def _run_local(plan: EvalPlan, pending: list[dict], engine: Any,
     if engine is None and plan.cfg.engine.external:
         kwargs["cache"] = plan.cfg.cache or default_cache_path()
     predictor = Predictor(plan.cfg, plan.data, engine=engine, shots=plan.shots,
-                          loglik=plan.loglik, **kwargs)
+                          loglik=plan.loglik, max_new_tokens=plan.max_new_tokens, **kwargs)
     try:
         for start in range(0, len(pending), BATCH):
             batch = pending[start:start + BATCH]

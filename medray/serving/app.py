@@ -30,6 +30,7 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from medray.engines.base import Generation
+from medray.prompts import PromptSpec
 from medray.serve_config import AppConfig
 from medray.serving.errors import APIError, from_validation, install_error_handlers
 from medray.serving.limits import check_openai, read_json
@@ -73,6 +74,7 @@ class QAIngress:
         self.llms = {name: h.options(stream=True) for name, h in llms.items()}
         self._lora_handles: dict[str, DeploymentHandle] = {}
         self._tokenizers: dict[str, Any] = {}
+        self._prompts: dict[str, PromptSpec] = {}
         self.tokenizer = self._tokenizer(self.cfg.model)
         self.counts: Counter[str] = Counter()
         self._ready_cache: tuple[float, bool, str] = (-1e9, False, "not checked yet")
@@ -86,6 +88,16 @@ class QAIngress:
 
             self._tokenizers[source] = AutoTokenizer.from_pretrained(source)
         return self._tokenizers[source]
+
+    def _prompt_of(self, name: str) -> PromptSpec:
+        """How served `name` is prompted: as trained (its folder's prompt.json) unless the
+        config overrides it (medray.serve_config.AppConfig.prompt_for)."""
+        if name not in self._prompts:
+            self._prompts[name] = self.cfg.prompt_for(name)
+        return self._prompts[name]
+
+    def _prompt(self, target: Target) -> PromptSpec:
+        return self._prompt_of(target.model)
 
     def _auth(self, request: Request) -> None:
         """Checked first in every route but the health probes, before the body is read."""
@@ -241,6 +253,8 @@ class QAIngress:
         cards += [ModelCard(id=f"{cfg.model_id}:{a}", root=p, parent=cfg.model_id)
                   for a, p in cfg.adapters.items()]
         cards += [ModelCard(id=name, root=p) for name, p in cfg.models.items()]
+        for card in cards:
+            card.prompt = self._prompt_of(card.id)
         return ModelList(data=cards)
 
     @route.get("/v1/stats", response_model=dict[str, int])
@@ -252,13 +266,13 @@ class QAIngress:
     @route.post("/v1/qa", response_model=QAResponse, body=QARequest)
     async def qa(self, request: Request) -> QAResponse:
         from medray.strategies import finish_strategy, plan_strategy
-        from medray.tokenize import BudgetError
+        from medray.tokenization import BudgetError
 
         body: QARequest = await self._body(request, QARequest)
         cfg = self.cfg
-        context_tokens = body.context_tokens or cfg.context_tokens
-        if context_tokens > (cfg.max_context_tokens or cfg.max_model_len):
-            raise APIError(413, "context_too_large", f"context_tokens {context_tokens} > "
+        if body.context_tokens and body.context_tokens > (cfg.max_context_tokens
+                                                          or cfg.max_model_len):
+            raise APIError(413, "context_too_large", f"context_tokens {body.context_tokens} > "
                            f"limit {cfg.max_context_tokens}", "context_tokens")
         if len(body.context) > cfg.max_context_chars:
             raise APIError(413, "context_too_large", f"context has {len(body.context)} "
@@ -267,20 +281,22 @@ class QAIngress:
             raise APIError(413, "request_too_large", f"question has {len(body.question)} "
                            f"characters; limit is {cfg.max_text_chars}", "question")
         target = self._target(body.model, body.adapter)
+        asked = {"format": body.prompt_format, "context_tokens": body.context_tokens,
+                 "strategy": body.strategy, "max_new_tokens": body.max_new_tokens}
+        spec = self._prompt(target).model_copy(
+            update={k: v for k, v in asked.items() if v is not None})
         try:
-            plan = plan_strategy(
-                self._tokenizer(target.source), body.question, body.context,
-                strategy=body.strategy, fmt=body.prompt_format or cfg.prompt_format,
-                context_tokens=context_tokens, chunk_tokens=cfg.chunk_tokens,
-                reserve=cfg.reserve or 0,
-            )
+            plan = plan_strategy(self._tokenizer(target.source), body.question, body.context,
+                                 spec)
         except BudgetError as err:  # the question alone does not fit context_tokens
             raise APIError(422, "context_tokens_too_small", str(err), "context_tokens") from None
-        gens = await self.generate_ids(target, plan.prompts, cfg.max_new_tokens)
+        gens = await self.generate_ids(target, plan.prompts, spec.max_new_tokens)
         res = finish_strategy(plan, gens)
         self.counts["qa"] += 1
         return QAResponse(answer=res.answer, logprob=res.logprob, prompt_tokens=res.prompt_tokens,
-                          strategy=res.strategy, model=target.model, adapter=target.adapter)
+                          strategy=res.strategy, model=target.model, adapter=target.adapter,
+                          prompt=spec, prompt_ids=[g.prompt_ids for g in gens]
+                          if body.return_prompt_ids else None)
 
     @route.post("/v1/mcq", response_model=MCQResponse, body=MCQRequest)
     async def mcq(self, request: Request) -> MCQResponse:
@@ -298,7 +314,8 @@ class QAIngress:
             prompt = mcq.render(item, body.shot_set())
         except ValueError as err:  # e.g. shots for a protocol without them
             raise APIError(422, "invalid_request", str(err), "shots") from None
-        ids = tokenizer.encode(mcq.prompt_text(prompt, tokenizer), add_special_tokens=False)
+        text = mcq.prompt_text(prompt, tokenizer, self._prompt(target))
+        ids = tokenizer.encode(text, add_special_tokens=False)
         budget = body.max_new_tokens or mcq.max_new_tokens(item)
         if len(ids) + budget > self.cfg.max_model_len:
             raise APIError(413, "request_too_large", f"the prompt has {len(ids)} tokens; "

@@ -31,6 +31,7 @@ def generations(response: Any) -> list[Generation]:
         out.append(Generation(
             text=choice.text,
             token_ids=list(choice.token_ids or []),
+            prompt_ids=list(getattr(choice, "prompt_token_ids", None) or []),
             logprobs=[float(x) for x in lps if x is not None],
             raw=choice.text,
         ))

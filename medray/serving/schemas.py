@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from medray.prompts import PromptSpec
+
 QUESTION_CHARS = 8_000
 OPTION_CHARS = 4_000
 CONTEXT_CHARS = 2_000_000
@@ -27,7 +29,11 @@ class QARequest(BaseModel):
     context: str = Field(max_length=CONTEXT_CHARS)
     prompt_format: Literal["qea", "eqa"] | None = None
     context_tokens: int | None = Field(None, ge=16, le=1_000_000)
-    strategy: Literal["trim", "chunks", "retrieve"] = "trim"
+    # None (these four): as the model's prompt spec says (as trained; see /v1/models)
+    strategy: Literal["trim", "chunks", "retrieve"] | None = None
+    max_new_tokens: int | None = Field(None, ge=1, le=512)
+    # Echo the token ids the LLM received for each prompt (audits; off by default).
+    return_prompt_ids: bool = False
     model: str | None = Field(None, max_length=256, description="a name from /v1/models")
     adapter: str | None = Field(None, max_length=256)
 
@@ -41,6 +47,9 @@ class QAResponse(BaseModel):
     strategy: str
     model: str
     adapter: str | None
+    prompt: PromptSpec = Field(description="the prompt settings used (request over model)")
+    prompt_ids: list[list[int]] | None = Field(
+        None, description="with return_prompt_ids: the ids the LLM received, per prompt")
 
 
 class Option(BaseModel):
@@ -121,6 +130,8 @@ class ModelCard(BaseModel):
     owned_by: str = "medray"
     root: str = Field(description="the served base model (or merged model) path")
     parent: str | None = Field(None, description="for an adapter: the model it rides on")
+    prompt: PromptSpec | None = Field(
+        None, description="how /v1/qa prompts it: as trained unless the config overrides")
 
 
 class ModelList(BaseModel):

@@ -46,8 +46,28 @@ def check_servable(cfg: AppConfig, raw: AppConfig | None = None) -> None:
     if raw.api_keys_file and cfg.api_keys_file and not Path(cfg.api_keys_file).is_file():
         problems.append(f"api_keys_file: no such file {cfg.api_keys_file}"
                         f"{_where(raw, raw.api_keys_file)}")
+    if not problems:
+        problems += _prompt_problems(cfg)
     if problems:
         raise ServeConfigError("cannot serve this config:\n  " + "\n  ".join(problems))
+
+
+def _prompt_problems(cfg: AppConfig) -> list[str]:
+    """Each served name's prompt (its prompt.json + the config's `prompt`) must be
+    readable and fit the context limit; a differing override is warned about here, on the
+    machine that starts the app."""
+    out = []
+    limit = cfg.max_context_tokens or cfg.max_model_len
+    for name in cfg.served_folders():
+        try:
+            spec = cfg.prompt_for(name)
+        except ValueError as err:
+            out.append(f"{name}: {err}")
+            continue
+        if spec.context_tokens > limit:
+            out.append(f"{name}: prompt.context_tokens {spec.context_tokens} > limit {limit} "
+                       "(max_context_tokens, else max_model_len)")
+    return out
 
 
 def _adapter_problems(path: Path, cfg: AppConfig, where: str) -> list[str]:

@@ -2,6 +2,7 @@
 
 Layout of one reported checkpoint directory (all workers' files merged by Ray Train):
     adapter/            PEFT adapter (adapter_config.json + adapter_model.safetensors)
+                        + prompt.json (the PromptSpec it is trained with)
     ds/                 DeepSpeed engine state: trainable weights (frozen base excluded),
                         ZeRO optimiser shards (one per rank), scheduler
     state.json          epoch, micro-batch in epoch, per-epoch history, best metric
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from medray.fsutil import atomic_directory
+from medray.prompts import PromptSpec, load_prompt_spec, write_prompt_spec
 
 STATE = "state.json"
 ADAPTER = "adapter"
@@ -51,6 +53,7 @@ def save_checkpoint(engine: Any, model: Any, tokenizer: Any, state: dict, cfg: A
         with deepspeed.zero.GatheredParameters(trainable, enabled=cfg.deepspeed.stage == 3):
             if rank == 0:
                 model.save_pretrained(str(tmp / ADAPTER))
+                write_prompt_spec(tmp / ADAPTER, cfg.prompt)
         if rank == 0:
             (tmp / STATE).write_text(json.dumps(state, indent=2))
             if writer is not None and getattr(writer, "medray_fallback", False):
@@ -67,13 +70,16 @@ def save_checkpoint(engine: Any, model: Any, tokenizer: Any, state: dict, cfg: A
 
 
 def export_adapter(ckpt_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                   force: bool = False) -> Path:
-    """Copy a checkpoint's PEFT adapter to out_dir (loadable by PeftModel and vLLM LoRA)."""
+                   force: bool = False, prompt: PromptSpec | None = None) -> Path:
+    """Copy a checkpoint's PEFT adapter to out_dir (loadable by PeftModel and vLLM LoRA),
+    with its prompt.json (`prompt` when given, else the checkpoint's own)."""
     src = Path(ckpt_dir) / ADAPTER
     if not (src / "adapter_config.json").is_file():
         raise FileNotFoundError(f"{ckpt_dir} holds no PEFT adapter ({ADAPTER}/adapter_config.json)")
     with atomic_directory(out_dir, inputs=[ckpt_dir], force=force, command="export") as tmp:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
+        if prompt is not None:
+            write_prompt_spec(tmp, prompt)
     return Path(out_dir)
 
 
@@ -91,6 +97,9 @@ def merge_adapter(base: str, adapter_dir: str | os.PathLike, out_dir: str | os.P
     with atomic_directory(out, inputs=inputs, force=force, command="export --merge") as tmp:
         merged.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        spec = load_prompt_spec(adapter_dir)
+        if spec is not None:  # the merged model is prompted as its adapter was trained
+            write_prompt_spec(tmp, spec)
     return out
 
 

@@ -57,7 +57,7 @@ def train(
 ) -> None:
     """Fine-tune with LoRA on Ray Train (DeepSpeed ZeRO); writes OUTPUT/adapter, metrics.json."""
     from medray.models import LoraTargetError
-    from medray.tokenize import BudgetError
+    from medray.tokenization import BudgetError
     from medray.train.config import ConfigError, load_config
 
     try:

@@ -15,6 +15,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from medray.prompts import TRAIN_STRATEGIES, PromptSpec, moved_prompt_keys
+
 
 class ConfigError(ValueError):
     """A bad config: names the file and the dotted key."""
@@ -54,16 +56,12 @@ class DataConfig(_Strict):
     path: str
     train_split: str = "train"
     val_split: str = "val"
-    prompt_format: Literal["qea", "eqa"] = "qea"
-    context_tokens: int = Field(2048, ge=8)
-    mode: Literal["trim", "chunks"] = "trim"
     batching: Literal["pad", "group", "pack"] = "pad"
     group_window: int = Field(16, ge=1)
     max_train_examples: int | None = Field(None, ge=1)
     max_val_examples: int | None = Field(None, ge=1)
     # Fixed validation subset answered greedily each epoch and scored by F1/EM.
     val_generate_examples: int = Field(32, ge=0)
-    max_new_tokens: int = Field(10, ge=1)  # reference generation setting
     shuffle_buffer: int = Field(256, ge=0)
     tokenize_actors: int = Field(2, ge=1)
 
@@ -123,12 +121,22 @@ class TrainConfig(_Strict):
     model: ModelConfig
     lora: LoraConfig = LoraConfig()
     data: DataConfig
+    # How examples are prompted (format, budget N, answer reserve, trim|chunks): written
+    # beside the adapter so serving and evaluation prompt the model the same way.
+    prompt: PromptSpec = PromptSpec()
     optim: OptimConfig = OptimConfig()
     deepspeed: DeepSpeedConfig = DeepSpeedConfig()
     scaling: ScalingConfig = ScalingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     fault: FaultConfig = FaultConfig()
     name: str = "medray-finetune"
+
+    @model_validator(mode="after")
+    def _trainable_prompt(self) -> TrainConfig:
+        if self.prompt.strategy not in TRAIN_STRATEGIES:
+            raise ValueError(f"prompt.strategy {self.prompt.strategy!r} cannot be trained; "
+                             f"expected one of {TRAIN_STRATEGIES}")
+        return self
 
 
 # ----------------------------------------------------------------------- loading
@@ -174,6 +182,10 @@ REQUIRED_PATHS = {("model", "name_or_path"): "PATH (a model folder or hub id)",
 
 
 def validate_config(raw: dict, source: str = "<config>") -> TrainConfig:
+    moved = moved_prompt_keys(raw.get("data"), ("prompt_format", "context_tokens",
+                                                "max_new_tokens", "mode"), "data.")
+    if moved:
+        raise ConfigError("\n".join(f"{source}: {m}" for m in moved))
     for (section, key), what in REQUIRED_PATHS.items():
         if (raw.get(section) or {}).get(key) in (None, ""):
             raise ConfigError(f"{source}: {section}.{key} is not set: pass "

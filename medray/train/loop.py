@@ -10,6 +10,7 @@ import json
 import math
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,12 @@ from medray.train.checkpoints import load_state, save_checkpoint
 from medray.train.collate import micro_batches
 from medray.train.config import TrainConfig, deepspeed_config, peft_lora_config
 from medray.train.device import all_reduce, cast_parameters, synced, worker_device
+from medray.train.plan import RunPlan
 from medray.train.step import eval_loss, train_step
 
 
 def _epoch_batches(shard: Any, cfg: TrainConfig, pad_id: int, epoch: int) -> Any:
-    from medray.tokenize import iter_rows_from_batches
+    from medray.tokenization import iter_rows_from_batches
 
     d = cfg.data
     window = cfg.optim.micro_batch_size * (1 if d.batching == "pad" else d.group_window)
@@ -31,7 +33,7 @@ def _epoch_batches(shard: Any, cfg: TrainConfig, pad_id: int, epoch: int) -> Any
         local_shuffle_seed=cfg.optim.seed + epoch if d.shuffle_buffer else None,
     )
     return micro_batches(iter_rows_from_batches(batches), batch_size=cfg.optim.micro_batch_size,
-                         pad_id=pad_id, mode=d.batching, max_len=d.context_tokens,
+                         pad_id=pad_id, mode=d.batching, max_len=cfg.prompt.context_tokens,
                          window=d.group_window, seed=cfg.optim.seed + epoch)
 
 
@@ -79,7 +81,7 @@ def _tensorboard(path: str | None, rank: int) -> Any:
     return writer
 
 
-def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: Any,
+def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: RunPlan, tokenizer: Any,
              rank: int, world: int, device: Any) -> dict[str, float]:
     """Validation loss (token-weighted, all workers) + greedy F1/EM on the fixed subset."""
     import ray.train
@@ -102,7 +104,7 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: 
     loss_sum, n_tok = all_reduce([loss_sum, n_tok], device)
     metrics = {"val_loss": loss_sum / max(n_tok, 1.0), "val_tokens": n_tok}
 
-    items = plan.get("val_generate", [])
+    items = plan.val_generate
     if items:
         per = math.ceil(len(items) / world)
         mine = items[rank * per:(rank + 1) * per]
@@ -111,7 +113,7 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: 
         hf = HFEngine(engine.module, tokenizer=tokenizer, batch_size=8,
                       synced_gpus=cfg.deepspeed.stage == 3 and world > 1)
         gens = hf.generate_ids([it["prompt_ids"] for it in padded],
-                               max_new_tokens=cfg.data.max_new_tokens)
+                               max_new_tokens=cfg.prompt.max_new_tokens)
         local = [(it["answer"], g.text) for it, g in zip(mine, gens, strict=False)]
         gathered: list[Any] = [None] * world
         if dist.is_initialized():
@@ -127,7 +129,7 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: dict, tokenizer: 
 
 
 def _rows(shard: Any) -> Any:
-    from medray.tokenize import iter_rows_from_batches
+    from medray.tokenization import iter_rows_from_batches
 
     return iter_rows_from_batches(shard.iter_batches(batch_size=32, batch_format="numpy"))
 
@@ -148,7 +150,7 @@ def _maybe_kill(cfg: TrainConfig, rank: int, step: int) -> None:
     os._exit(1)
 
 
-def build_engine(cfg: TrainConfig, plan: dict, world: int, device: Any) -> tuple[Any, ...]:
+def build_engine(cfg: TrainConfig, plan: RunPlan, world: int, device: Any) -> tuple[Any, ...]:
     """Model on `device` (LoRA, parameters in the training dtype) inside a DeepSpeed engine.
 
     Returns (engine, peft model, tokenizer, scheduler).
@@ -164,7 +166,7 @@ def build_engine(cfg: TrainConfig, plan: dict, world: int, device: Any) -> tuple
     load_on = "cpu" if cfg.deepspeed.offload_params else device
     model, tokenizer = load_model_and_tokenizer(
         cfg.model.name_or_path, cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
-        device=load_on, cache_dir=plan.get("cache_dir") or cfg.model.cache_dir,
+        device=load_on, cache_dir=plan.cache_dir or cfg.model.cache_dir,
         attn_implementation=cfg.model.attn_implementation)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -177,7 +179,7 @@ def build_engine(cfg: TrainConfig, plan: dict, world: int, device: Any) -> tuple
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(trainable, lr=cfg.optim.lr, betas=cfg.optim.betas,
                                   weight_decay=cfg.optim.weight_decay)
-    total_steps = plan["total_steps"]
+    total_steps = plan.total_steps
     scheduler = get_scheduler(cfg.optim.scheduler if cfg.optim.scheduler != "constant"
                               else "constant_with_warmup", optimizer,
                               num_warmup_steps=min(cfg.optim.warmup_steps, total_steps),
@@ -188,13 +190,45 @@ def build_engine(cfg: TrainConfig, plan: dict, world: int, device: Any) -> tuple
     return engine, model, tokenizer, scheduler
 
 
-def train_loop_per_worker(config: dict) -> None:
+@dataclass
+class WorkerRun:
+    """One worker's training run: the engine and everything the epochs share."""
+
+    cfg: TrainConfig
+    plan: RunPlan
+    rank: int
+    world: int
+    device: Any
+    engine: Any
+    model: Any
+    tokenizer: Any
+    scheduler: Any
+    state: dict
+    writer: Any
+    bar: Any
+    resumed: bool
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id
+
+    def evaluate(self) -> dict[str, float]:
+        return evaluate(self.engine, self.cfg, self.pad_id, self.plan, self.tokenizer,
+                        self.rank, self.world, self.device)
+
+    def checkpoint(self, record: dict) -> None:
+        save_checkpoint(self.engine, self.model, self.tokenizer, self.state, self.cfg, record,
+                        self.rank, self.world, self.writer)
+
+
+def setup_worker(config: dict) -> WorkerRun:
+    """Seed, threads, model + LoRA + DeepSpeed engine; resume from Ray Train's checkpoint."""
     import ray.train
     import torch
 
     t_start = time.perf_counter()
     cfg = TrainConfig.model_validate(config["cfg"])
-    plan = config["plan"]
+    plan: RunPlan = config["plan"]
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     device = worker_device()
@@ -203,9 +237,6 @@ def train_loop_per_worker(config: dict) -> None:
         torch.set_num_threads(max(1, int(cfg.scaling.cpus_per_worker)))
 
     engine, model, tokenizer, scheduler = build_engine(cfg, plan, world, device)
-    total_steps = plan["total_steps"]
-    pad_id = tokenizer.pad_token_id
-
     state = {"epoch": 0, "micro_in_epoch": 0, "history": [], "best": None, "resumed_from": None}
     checkpoint = ray.train.get_checkpoint()
     if checkpoint:
@@ -213,74 +244,99 @@ def train_loop_per_worker(config: dict) -> None:
             engine.load_checkpoint(d, tag="ds", load_module_strict=False)
             state = load_state(d)
         state["resumed_from"] = engine.global_steps
-    writer = _tensorboard(plan.get("tensorboard_dir"), rank)
-    bar = _progress(total_steps, engine.global_steps, rank, plan.get("progress_board"))
-
+    writer = _tensorboard(plan.tensorboard_dir, rank)
+    bar = _progress(plan.total_steps, engine.global_steps, rank, plan.progress_board)
     _log(rank, f"worker ready on {device}: {time.perf_counter() - t_start:.1f}s "
                "(model, LoRA, DeepSpeed)")
-    if checkpoint is None and plan.get("initial_eval", True):
-        t_eval = time.perf_counter()
-        initial = evaluate(engine, cfg, pad_id, plan, tokenizer, rank, world, device)
-        _log(rank, f"initial validation {time.perf_counter() - t_eval:.1f}s: "
-                   f"val_loss {initial['val_loss']:.4f}")
-        state["initial"] = initial
-        if writer:
-            writer.add_scalar("val/loss", initial["val_loss"], 0)
+    return WorkerRun(cfg, plan, rank, world, device, engine, model, tokenizer, scheduler,
+                     state, writer, bar, resumed=checkpoint is not None)
 
-    while state["epoch"] < cfg.optim.epochs and engine.global_steps < total_steps:
-        epoch = state["epoch"]
-        shard = ray.train.get_dataset_shard("train")
-        loss_sum = n_micro = tokens = 0.0
-        t0 = time.perf_counter()
-        skip = state["micro_in_epoch"]  # resuming mid-epoch: skip consumed micro-batches
-        for i, batch in enumerate(synced(_epoch_batches(shard, cfg, pad_id, epoch), device)):
-            if i < skip:
-                continue
-            res = train_step(engine, batch, device)
-            loss = float(res.loss)
-            loss_sum += loss
-            n_micro += 1
-            tokens += res.tokens
-            state["micro_in_epoch"] = i + 1
-            if not res.boundary:
-                continue
-            step = engine.global_steps
-            lr = scheduler.get_last_lr()[0]
-            bar.update(1)
-            tok_s = tokens * world / (time.perf_counter() - t0)
-            bar.set_description(f"epoch {epoch + 1} loss {loss:.3f} lr {lr:.2e} "
+
+def initial_evaluation(run: WorkerRun) -> None:
+    """Validation before the first step (a fresh run only): the untrained baseline."""
+    t_eval = time.perf_counter()
+    initial = run.evaluate()
+    _log(run.rank, f"initial validation {time.perf_counter() - t_eval:.1f}s: "
+                   f"val_loss {initial['val_loss']:.4f}")
+    run.state["initial"] = initial
+    if run.writer:
+        run.writer.add_scalar("val/loss", initial["val_loss"], 0)
+
+
+def train_epoch(run: WorkerRun) -> tuple[float, float, float, float]:
+    """One pass over this worker's shard (from where a resumed epoch stopped), with
+    mid-epoch checkpoints. Returns (loss sum, micro-batches, tokens, seconds) of all ranks."""
+    import ray.train
+
+    cfg, engine, state, epoch = run.cfg, run.engine, run.state, run.state["epoch"]
+    total_steps = run.plan.total_steps
+    shard = ray.train.get_dataset_shard("train")
+    loss_sum = n_micro = tokens = 0.0
+    t0 = time.perf_counter()
+    skip = state["micro_in_epoch"]  # resuming mid-epoch: skip consumed micro-batches
+    batches = synced(_epoch_batches(shard, cfg, run.pad_id, epoch), run.device)
+    for i, batch in enumerate(batches):
+        if i < skip:
+            continue
+        res = train_step(engine, batch, run.device)
+        loss = float(res.loss)
+        loss_sum += loss
+        n_micro += 1
+        tokens += res.tokens
+        state["micro_in_epoch"] = i + 1
+        if not res.boundary:
+            continue
+        step = engine.global_steps
+        lr = run.scheduler.get_last_lr()[0]
+        run.bar.update(1)
+        tok_s = tokens * run.world / (time.perf_counter() - t0)
+        run.bar.set_description(f"epoch {epoch + 1} loss {loss:.3f} lr {lr:.2e} "
                                 f"tok/s {tok_s:.0f}")
-            if writer:
-                writer.add_scalar("train/loss", loss, step)
-                writer.add_scalar("train/lr", lr, step)
-            _maybe_kill(cfg, rank, step)
-            every = cfg.checkpoint.every_steps
-            if every and step % every == 0 and step < total_steps:
-                save_checkpoint(engine, model, tokenizer, state, cfg,
-                                {"step": step, "epoch": epoch, "train_loss": loss},
-                                rank, world, writer)
-            if step >= total_steps:
-                break
-        elapsed = time.perf_counter() - t0
-        loss_sum, n_micro, tokens = all_reduce([loss_sum, n_micro, tokens], device)
-        t_eval = time.perf_counter()
-        val = evaluate(engine, cfg, pad_id, plan, tokenizer, rank, world, device)
-        _log(rank, f"epoch {epoch + 1}: train {elapsed:.1f}s, validation "
+        if run.writer:
+            run.writer.add_scalar("train/loss", loss, step)
+            run.writer.add_scalar("train/lr", lr, step)
+        _maybe_kill(cfg, run.rank, step)
+        every = cfg.checkpoint.every_steps
+        if every and step % every == 0 and step < total_steps:
+            run.checkpoint({"step": step, "epoch": epoch, "train_loss": loss})
+        if step >= total_steps:
+            break
+    elapsed = time.perf_counter() - t0
+    loss_sum, n_micro, tokens = all_reduce([loss_sum, n_micro, tokens], run.device)
+    return loss_sum, n_micro, tokens, elapsed
+
+
+def end_epoch(run: WorkerRun, loss_sum: float, n_micro: float, tokens: float,
+              elapsed: float) -> None:
+    """Validate, record the epoch, log it and checkpoint (the exportable checkpoints)."""
+    epoch, engine = run.state["epoch"], run.engine
+    t_eval = time.perf_counter()
+    val = run.evaluate()
+    _log(run.rank, f"epoch {epoch + 1}: train {elapsed:.1f}s, validation "
                    f"{time.perf_counter() - t_eval:.1f}s, val_loss {val['val_loss']:.4f}, "
                    f"val_f1 {val.get('val_f1', float('nan')):.4f} (medqaro mode)")
-        record = {"epoch": epoch + 1, "step": engine.global_steps,
-                  "train_loss": loss_sum / max(n_micro, 1.0),
-                  "tokens_per_s": tokens / max(elapsed, 1e-9), "train_tokens": tokens,
-                  "seconds": elapsed, **val}
-        state["history"].append(record)
-        state["epoch"], state["micro_in_epoch"] = epoch + 1, 0
-        if writer:
-            for k in ("val_loss", "val_f1", "val_em", "tokens_per_s"):
-                if k in record:
-                    writer.add_scalar(f"val/{k}" if k.startswith("val") else f"train/{k}",
+    record = {"epoch": epoch + 1, "step": engine.global_steps,
+              "train_loss": loss_sum / max(n_micro, 1.0),
+              "tokens_per_s": tokens / max(elapsed, 1e-9), "train_tokens": tokens,
+              "seconds": elapsed, **val}
+    run.state["history"].append(record)
+    run.state["epoch"], run.state["micro_in_epoch"] = epoch + 1, 0
+    if run.writer:
+        for k in ("val_loss", "val_f1", "val_em", "tokens_per_s"):
+            if k in record:
+                run.writer.add_scalar(f"val/{k}" if k.startswith("val") else f"train/{k}",
                                       record[k], engine.global_steps)
-            writer.flush()
-        save_checkpoint(engine, model, tokenizer, state, cfg, record, rank, world, writer)
-    bar.close()
-    if writer:
-        writer.close()
+        run.writer.flush()
+    run.checkpoint(record)
+
+
+def train_loop_per_worker(config: dict) -> None:
+    run = setup_worker(config)
+    if not run.resumed:
+        initial_evaluation(run)
+    while (run.state["epoch"] < run.cfg.optim.epochs
+           and run.engine.global_steps < run.plan.total_steps):
+        end_epoch(run, *train_epoch(run))
+    run.bar.close()
+    if run.writer:
+        run.writer.close()

@@ -17,20 +17,22 @@ import os
 import shutil
 from collections.abc import Sequence
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from medray.train.config import ConfigError, TrainConfig
+from medray.train.plan import Preflight, RunPlan
 
 MEDQARO_METRIC_NOTE = (
     "val_f1/val_em: metric mode 'medqaro' (reference formulas), greedy decoding, "
-    "max_new_tokens from data.max_new_tokens, on the first data.val_generate_examples "
+    "max_new_tokens from prompt.max_new_tokens, on the first data.val_generate_examples "
     "examples of the validation split (sorted by id); val_loss: token-weighted "
     "cross-entropy over answer+EOS tokens of the validation split"
 )
 
 
-def preflight(cfg: TrainConfig) -> dict[str, Any]:
+def preflight(cfg: TrainConfig) -> Preflight:
     """Every check that can fail before workers start; returns the run plan."""
     from medray.data.prepared import load_prepared
     from medray.models import (
@@ -40,7 +42,7 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         load_tokenizer,
         meta_model,
     )
-    from medray.tokenize import answer_ids, check_budget, prompt_pieces
+    from medray.tokenization import answer_ids, check_budget, prompt_pieces
 
     # Workers do not share the driver's working directory: make local paths absolute.
     if Path(cfg.model.name_or_path).exists():
@@ -77,33 +79,31 @@ def preflight(cfg: TrainConfig) -> dict[str, Any]:
         train = train.head(cfg.data.max_train_examples)
     if cfg.data.max_val_examples:
         val = val.head(cfg.data.max_val_examples)
-    reserve = cfg.data.max_new_tokens  # training prompts = served prompts (build_example)
-    check_budget(tokenizer, train, cfg.data.prompt_format, cfg.data.context_tokens, reserve)
-    check_budget(tokenizer, val, cfg.data.prompt_format, cfg.data.context_tokens, reserve)
+    spec = cfg.prompt  # reserve = max_new_tokens: training prompts = served prompts
+    check_budget(tokenizer, train, spec)
+    check_budget(tokenizer, val, spec)
 
-    # Prompt (without context) + answer lengths: the schedule is sized from them once the
+    # Prompt (without context) + answer room: the schedule is sized from them once the
     # epicrises are tokenised (see schedule()).
     fixed = [
-        prompt_pieces(tokenizer, r.question, cfg.data.prompt_format).fixed
-        + max(len(answer_ids(tokenizer, r.answer)), reserve)
+        spec.context_tokens - spec.context_room(prompt_pieces(tokenizer, r.question, spec),
+                                                len(answer_ids(tokenizer, r.answer)))
         for r in train.itertuples(index=False)
     ]
-    return {
-        "lora_targets": targets,
-        "n_train": len(train), "n_val": len(val),
-        "train_ids": train["id"].tolist() if cfg.data.max_train_examples else None,
-        "val_ids": val["id"].tolist() if cfg.data.max_val_examples else None,
-        "train_fixed": fixed,
-        "train_context_ids": train["context_id"].tolist(),
-        "val_gen_ids": val["id"].tolist()[: cfg.data.val_generate_examples],
-    }
+    return Preflight(
+        lora_targets=targets, n_train=len(train), n_val=len(val),
+        train_ids=train["id"].tolist() if cfg.data.max_train_examples else None,
+        val_ids=val["id"].tolist() if cfg.data.max_val_examples else None,
+        val_gen_ids=val["id"].tolist()[: cfg.data.val_generate_examples],
+        train_fixed=fixed, train_context_ids=train["context_id"].tolist(),
+    )
 
 
-def schedule(cfg: TrainConfig, plan: dict, contexts: dict) -> None:
-    """Optimiser steps per epoch and in total, from exact example lengths."""
-    n_ctx = cfg.data.context_tokens
-    fixed, cids = plan.pop("train_fixed"), plan.pop("train_context_ids")
-    if cfg.data.mode == "chunks":  # one example per chunk of the room left for context
+def schedule(cfg: TrainConfig, checked: Preflight, contexts: dict) -> RunPlan:
+    """The plan with optimiser steps per epoch and in total, from exact example lengths."""
+    n_ctx = cfg.prompt.context_tokens
+    fixed, cids = checked.train_fixed, checked.train_context_ids
+    if cfg.prompt.strategy == "chunks":  # one example per chunk of the room left for context
         lengths = []
         for f, c in zip(fixed, cids, strict=True):
             room, n = max(n_ctx - f, 1), len(contexts[c])
@@ -115,31 +115,35 @@ def schedule(cfg: TrainConfig, plan: dict, contexts: dict) -> None:
         micro = math.ceil(sum(lengths) / world / n_ctx / mb)
     else:
         micro = math.ceil((len(lengths) // world) / mb)
-    plan["steps_per_epoch_estimate"] = max(1, micro // cfg.optim.grad_accum)
-    total = plan["steps_per_epoch_estimate"] * cfg.optim.epochs
-    plan["total_steps"] = min(total, cfg.optim.max_steps) if cfg.optim.max_steps else total
+    per_epoch = max(1, micro // cfg.optim.grad_accum)
+    total = per_epoch * cfg.optim.epochs
+    return RunPlan(
+        lora_targets=checked.lora_targets, n_train=checked.n_train, n_val=checked.n_val,
+        train_ids=checked.train_ids, val_ids=checked.val_ids,
+        steps_per_epoch_estimate=per_epoch,
+        total_steps=min(total, cfg.optim.max_steps) if cfg.optim.max_steps else total,
+    )
 
 
-def _val_generate_items(cfg: TrainConfig, plan: dict, contexts: dict) -> list[dict]:
+def _val_generate_items(cfg: TrainConfig, ids: list[str], contexts: dict) -> list[dict]:
     """The fixed validation subset: trimmed prompt ids (same code as serving) + answer."""
     from medray.data.prepared import load_prepared
     from medray.models import load_tokenizer
-    from medray.tokenize import build_prompt_ids
+    from medray.tokenization import build_prompt_ids
 
-    if not plan["val_gen_ids"]:
+    if not ids:
         return []
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    ex = load_prepared(cfg.data.path).examples.set_index("id").loc[plan["val_gen_ids"]]
+    ex = load_prepared(cfg.data.path).examples.set_index("id").loc[ids]
     return [
         {"id": i, "answer": r.answer,
          "prompt_ids": build_prompt_ids(tokenizer, r.question, contexts[r.context_id].tolist(),
-                                        cfg.data.prompt_format, cfg.data.context_tokens,
-                                        reserve=cfg.data.max_new_tokens)}
+                                        cfg.prompt)}
         for i, r in zip(ex.index, ex.itertuples(index=False), strict=True)
     ]
 
 
-def build_trainer(cfg: TrainConfig, output: Path, plan: dict, contexts_ref: Any,
+def build_trainer(cfg: TrainConfig, output: Path, plan: RunPlan, contexts_ref: Any,
                   datasets: dict[str, Any], callbacks: Sequence[Any] = ()) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -170,23 +174,21 @@ def build_trainer(cfg: TrainConfig, output: Path, plan: dict, contexts_ref: Any,
     )
 
 
-def _datasets(cfg: TrainConfig, plan: dict, contexts: dict, contexts_ref: Any) -> dict[str, Any]:
+def _datasets(cfg: TrainConfig, plan: RunPlan, contexts: dict,
+              contexts_ref: Any) -> dict[str, Any]:
     """train: streamed from the Ray Data actor pipeline; val: small, assembled here once."""
     import ray
 
     from medray.data.prepared import load_prepared
-    from medray.tokenize import ExampleAssembler, examples_dataset
+    from medray.tokenization import ExampleAssembler, examples_dataset
 
     train = examples_dataset(cfg.data.path, cfg.data.train_split, cfg.model.name_or_path,
-                             contexts_ref, fmt=cfg.data.prompt_format,
-                             context_tokens=cfg.data.context_tokens, mode=cfg.data.mode,
-                             ids=plan["train_ids"], reserve=cfg.data.max_new_tokens)
+                             contexts_ref, cfg.prompt, ids=plan.train_ids)
     # Validation runs every epoch; building it once avoids re-spawning the pipeline.
     val = load_prepared(cfg.data.path).split(cfg.data.val_split).sort_values("id")
-    if plan["val_ids"] is not None:
-        val = val[val["id"].isin(set(plan["val_ids"]))]
-    assembler = ExampleAssembler(cfg.model.name_or_path, contexts, cfg.data.prompt_format,
-                                 cfg.data.context_tokens, reserve=cfg.data.max_new_tokens)
+    if plan.val_ids is not None:
+        val = val[val["id"].isin(set(plan.val_ids))]
+    assembler = ExampleAssembler(cfg.model.name_or_path, contexts, cfg.prompt)
     return {"train": train, "val": ray.data.from_pandas(assembler(val))}
 
 
@@ -205,31 +207,31 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     import ray
 
     from medray.raycluster import connect
-    from medray.tokenize import context_table, tokenize_contexts
+    from medray.tokenization import context_table, tokenize_contexts
     from medray.train.checkpoints import export_adapter, load_state
     from medray.train.progress import TrainingBoard
 
     output = Path(output)
-    plan = preflight(cfg)
-    plan["cache_dir"] = resolve_cache_dir(cfg, output)
+    checked = preflight(cfg)
     from medray.fsutil import claim_directory
 
     claim_directory(output, force=True, command="train")  # refusals: the CLI, before
     # RAY_ADDRESS set (ray job submit, a cluster): join it; otherwise a local cluster.
     connect(min_cpus=cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + 2)
-    log(f"preflight ok: {plan['n_train']} train / {plan['n_val']} val examples, "
-        f"LoRA targets {plan['lora_targets']}")
+    log(f"preflight ok: {checked.n_train} train / {checked.n_val} val examples, "
+        f"LoRA targets {checked.lora_targets}")
 
     contexts = context_table(tokenize_contexts(cfg.data.path, cfg.model.name_or_path,
                                                concurrency=cfg.data.tokenize_actors))
-    schedule(cfg, plan, contexts)
+    plan = schedule(cfg, checked, contexts)
     log(f"tokenised {len(contexts)} epicrises once each (Ray Data actor pool); "
-        f"~{plan['total_steps']} optimiser steps planned")
-    plan["val_generate"] = _val_generate_items(cfg, plan, contexts)
-    plan["tensorboard_dir"] = str((output / "tensorboard").resolve())
+        f"~{plan.total_steps} optimiser steps planned")
     contexts_ref = ray.put(contexts)
     board = TrainingBoard() if display is not None else None
-    plan["progress_board"] = board.name if board else None
+    plan = replace(plan, cache_dir=resolve_cache_dir(cfg, output),
+                   tensorboard_dir=str((output / "tensorboard").resolve()),
+                   progress_board=board.name if board else None,
+                   val_generate=_val_generate_items(cfg, checked.val_gen_ids, contexts))
     trainer = build_trainer(cfg, output, plan, contexts_ref,
                             _datasets(cfg, plan, contexts, contexts_ref), callbacks)
     with board.shown(display) if board else nullcontext():
@@ -252,7 +254,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
         if (Path(d) / "tensorboard").is_dir() and not (output / "tensorboard").exists():
             shutil.copytree(Path(d) / "tensorboard", output / "tensorboard")
     with best.as_directory() as d:
-        export_adapter(d, output / "adapter")
+        export_adapter(d, output / "adapter", prompt=cfg.prompt)
         exported_step = load_state(d).get("history", [{}])[-1:]
     metrics = {
         "model": cfg.model.name_or_path,
@@ -265,9 +267,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
         "resumed_from_step": state.get("resumed_from"),
         "how": MEDQARO_METRIC_NOTE + "; tokens_per_s: non-padding tokens of all workers / "
                "epoch wall time (forward+backward+step, excludes validation)",
-        "plan": {k: v for k, v in plan.items()
-                 if k not in ("val_generate", "train_ids", "val_ids", "val_gen_ids",
-                              "progress_board")},
+        "plan": plan.summary(),
         "config": cfg.model_dump(mode="json"),
     }
     from medray.fsutil import write_json_atomic

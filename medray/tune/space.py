@@ -1,7 +1,7 @@
 """Search spaces as YAML: parse, validate against the training config, convert for Ray Tune.
 
 A space file names hyperparameters by their dotted path in the training config
-(`optim.lr`, `lora.r`, `data.context_tokens`, ...) and says how to sample each one:
+(`optim.lr`, `lora.r`, `prompt.context_tokens`, ...) and says how to sample each one:
 
     search: optuna            # grid | random | optuna (Bayesian, TPE through Ray Tune)
     num_samples: 32           # random/optuna: trials; grid: repeats of the whole grid

@@ -4,7 +4,8 @@ Each epicrisis is tokenised ONCE (a Ray Data actor pool over the contexts table)
 example is then assembled from token ids: prompt text before the context + the head of
 the context ids + prompt text after it + answer + EOS, trimmed so the whole fits the budget
 N (the paper trims the epicrisis from the end). Labels are the answer tokens and EOS;
-everything else is -100. `build_prompt_ids` is the same trimming for serving.
+everything else is -100. `build_prompt_ids` is the same trimming for serving. How much
+context fits is `PromptSpec.context_room` (medray.prompts), nowhere else.
 
 Token pieces are joined the way the tokenizer itself would split "a b": a probe decides
 whether a piece that follows a space is encoded with a leading space (byte-level BPE:
@@ -19,10 +20,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from medray.prompts import medqaro_prompt_parts
+from medray.prompts import (
+    CONTEXT_SLOT,
+    TRAIN_STRATEGIES,
+    ChatPrompt,
+    PromptSpec,
+    medqaro_prompt_parts,
+)
 
 IGNORE_INDEX = -100
-MODES = ("trim", "chunks")
 
 
 class BudgetError(ValueError):
@@ -78,14 +84,28 @@ class PromptPieces:
     def fixed(self) -> int:
         return len(self.prefix) + len(self.before) + len(self.after)
 
+    def assemble(self, context_ids: Sequence[int]) -> list[int]:
+        return self.prefix + self.before + list(context_ids) + self.after
 
-def prompt_pieces(tokenizer: Any, question: str, fmt: str = "qea") -> PromptPieces:
-    before, after = medqaro_prompt_parts(question, fmt)
+
+def _prompt_text_parts(tokenizer: Any, question: str, spec: PromptSpec) -> tuple[str, str]:
+    before, after = medqaro_prompt_parts(question, spec.format)
+    if not spec.chat_template:
+        return before, after
+    templated = spec.chat_text(tokenizer, ChatPrompt(None, before + CONTEXT_SLOT + after))
+    head, _, tail = templated.partition(CONTEXT_SLOT)
+    return head, tail
+
+
+def prompt_pieces(tokenizer: Any, question: str, spec: PromptSpec) -> PromptPieces:
+    before, after = _prompt_text_parts(tokenizer, question, spec)
     traits = _traits(tokenizer)
     # The space between "Context:" and the epicrisis belongs to the context piece, the
-    # space before the text after it to that piece (see the module docstring).
+    # space before the text after it to that piece (see the module docstring). A chat
+    # template writes its own special tokens (BOS included) into the text.
+    templated = spec.chat_template and getattr(tokenizer, "chat_template", None)
     return PromptPieces(
-        prefix=list(traits.prefix),
+        prefix=[] if templated else list(traits.prefix),
         before=tokenizer.encode(before.rstrip(" "), add_special_tokens=False),
         after=encode_piece(tokenizer, after.lstrip(" "), after_space=after.startswith(" ")),
     )
@@ -96,98 +116,85 @@ def answer_ids(tokenizer: Any, answer: str) -> list[int]:
     return encode_piece(tokenizer, answer) + [tokenizer.eos_token_id]
 
 
-def context_room(pieces: PromptPieces, context_tokens: int, reserve: int) -> int:
-    return context_tokens - reserve - pieces.fixed
-
-
-def build_prompt_ids(
-    tokenizer: Any,
-    question: str,
-    context_ids: Sequence[int],
-    fmt: str = "qea",
-    context_tokens: int = 2048,
-    reserve: int = 0,
-) -> list[int]:
-    """Prompt ids with the epicrisis trimmed from the end so prompt + reserve <= budget.
-
-    `reserve` is the room kept for the answer: answer + EOS in training, max_new_tokens
-    when serving. Raises BudgetError when even an empty context does not fit.
-    """
-    pieces = prompt_pieces(tokenizer, question, fmt)
-    room = context_room(pieces, context_tokens, reserve)
+def _room(pieces: PromptPieces, spec: PromptSpec, answer_tokens: int = 0) -> int:
+    room = spec.context_room(pieces, answer_tokens)
     if room < 0:
         raise BudgetError(
-            f"context budget {context_tokens} tokens is smaller than the prompt without "
-            f"context ({pieces.fixed}) + {reserve} reserved for the answer"
+            f"context budget {spec.context_tokens} tokens is smaller than the prompt without "
+            f"context ({pieces.fixed}) + {max(answer_tokens, spec.answer_reserve)} reserved "
+            "for the answer"
         )
-    return pieces.prefix + pieces.before + list(context_ids[:room]) + pieces.after
+    return room
 
 
-def build_example(
-    tokenizer: Any,
-    question: str,
-    answer: str,
-    context_ids: Sequence[int],
-    fmt: str = "qea",
-    context_tokens: int = 2048,
-    reserve: int = 0,
-) -> dict[str, list[int]]:
-    """One training example: input ids and labels (answer + EOS only; -100 elsewhere).
+def build_prompt_ids(tokenizer: Any, question: str, context_ids: Sequence[int],
+                     spec: PromptSpec) -> list[int]:
+    """Prompt ids with the epicrisis trimmed from the end so prompt + reserve <= budget
+    (the served prompt). Raises BudgetError when even an empty context does not fit."""
+    pieces = prompt_pieces(tokenizer, question, spec)
+    return pieces.assemble(context_ids[:_room(pieces, spec)])
 
-    The context is trimmed to leave max(answer + EOS, `reserve`) tokens, with `reserve` =
-    the serving max_new_tokens: then the prompt is the one served, and how much context
-    is shown does not depend on the answer. (Trimming by the answer's own length leaks it:
-    a tiny model learned "context cut earlier -> longer answer" and failed on served prompts.)
-    """
-    target = answer_ids(tokenizer, answer)
-    prompt = build_prompt_ids(tokenizer, question, context_ids, fmt, context_tokens,
-                              max(len(target), reserve))
+
+def _example(prompt: list[int], target: list[int]) -> dict[str, list[int]]:
     return {"input_ids": prompt + target, "labels": [IGNORE_INDEX] * len(prompt) + target}
 
 
-def build_chunk_examples(
-    tokenizer: Any,
-    question: str,
-    answer: str,
-    context_ids: Sequence[int],
-    fmt: str = "qea",
-    context_tokens: int = 2048,
-    reserve: int = 0,
-) -> list[dict[str, list[int]]]:
-    """All non-overlapping context chunks that fit the budget, one example each (room as in
-    `build_example`: independent of the answer's length up to `reserve`)."""
+def build_example(tokenizer: Any, question: str, answer: str, context_ids: Sequence[int],
+                  spec: PromptSpec) -> dict[str, list[int]]:
+    """One training example: input ids and labels (answer + EOS only; -100 elsewhere).
+
+    The context is trimmed to leave max(answer + EOS, reserve) tokens, with reserve = the
+    serving max_new_tokens by default: then the prompt is the one served, and how much
+    context is shown does not depend on the answer. (Trimming by the answer's own length
+    leaks it: a tiny model learned "context cut earlier -> longer answer" and failed on
+    served prompts.)
+    """
     target = answer_ids(tokenizer, answer)
-    pieces = prompt_pieces(tokenizer, question, fmt)
-    room = context_room(pieces, context_tokens, max(len(target), reserve))
+    pieces = prompt_pieces(tokenizer, question, spec)
+    return _example(pieces.assemble(context_ids[:_room(pieces, spec, len(target))]), target)
+
+
+def build_chunk_examples(tokenizer: Any, question: str, answer: str,
+                         context_ids: Sequence[int], spec: PromptSpec) -> list[dict]:
+    """All non-overlapping context chunks that fit the budget, one example each (room as in
+    `build_example`: independent of the answer's length up to the reserve)."""
+    target = answer_ids(tokenizer, answer)
+    pieces = prompt_pieces(tokenizer, question, spec)
+    room = spec.context_room(pieces, len(target))
     if room <= 0:
-        raise BudgetError(f"context budget {context_tokens} leaves no room for context chunks")
-    out = []
-    for start in range(0, max(len(context_ids), 1), room):
-        chunk = list(context_ids[start:start + room])
-        prompt = pieces.prefix + pieces.before + chunk + pieces.after
-        out.append({"input_ids": prompt + target, "labels": [IGNORE_INDEX] * len(prompt) + target})
-    return out
+        raise BudgetError(f"context budget {spec.context_tokens} leaves no room for context "
+                          "chunks")
+    return [_example(pieces.assemble(context_ids[start:start + room]), target)
+            for start in range(0, max(len(context_ids), 1), room)]
 
 
-def check_budget(tokenizer: Any, examples: Any, fmt: str, context_tokens: int,
-                 reserve: int = 0) -> int:
+def build_training_examples(tokenizer: Any, question: str, answer: str,
+                            context_ids: Sequence[int], spec: PromptSpec) -> list[dict]:
+    """The examples one training item gives under spec.strategy (trim: one; chunks: one per
+    chunk)."""
+    if spec.strategy == "chunks":
+        return build_chunk_examples(tokenizer, question, answer, context_ids, spec)
+    return [build_example(tokenizer, question, answer, context_ids, spec)]
+
+
+def check_budget(tokenizer: Any, examples: Any, spec: PromptSpec) -> int:
     """Fail before any worker starts if some question + answer exceeds the budget.
 
     `examples` is a DataFrame with id, question, answer. Returns the smallest context room.
     """
     worst_room, worst_id = None, None
     for row in examples[["id", "question", "answer"]].itertuples(index=False):
-        pieces = prompt_pieces(tokenizer, row.question, fmt)
-        room = context_room(pieces, context_tokens,
-                            max(len(answer_ids(tokenizer, row.answer)), reserve))
+        room = spec.context_room(prompt_pieces(tokenizer, row.question, spec),
+                                 len(answer_ids(tokenizer, row.answer)))
         if worst_room is None or room < worst_room:
             worst_room, worst_id = room, row.id
     if worst_room is not None and worst_room < 0:
         raise BudgetError(
-            f"data.context_tokens={context_tokens} is smaller than question + answer of "
-            f"example {worst_id!r} ({context_tokens - worst_room} tokens without any context)"
+            f"prompt.context_tokens={spec.context_tokens} is smaller than question + answer "
+            f"of example {worst_id!r} ({spec.context_tokens - worst_room} tokens without "
+            "any context)"
         )
-    return worst_room if worst_room is not None else context_tokens
+    return worst_room if worst_room is not None else spec.context_tokens
 
 
 # ------------------------------------------------------------------ Ray Data pipeline
@@ -212,8 +219,7 @@ class ContextTokenizer:
 class ExampleAssembler:
     """Ray Data actor: assemble examples from the shared table of tokenised epicrises."""
 
-    def __init__(self, tokenizer_path: str, contexts: Any, fmt: str, context_tokens: int,
-                 mode: str = "trim", reserve: int = 0) -> None:
+    def __init__(self, tokenizer_path: str, contexts: Any, spec: PromptSpec) -> None:
         import ray
 
         from medray.models import load_tokenizer
@@ -221,8 +227,7 @@ class ExampleAssembler:
         self.tokenizer = load_tokenizer(tokenizer_path)
         # An ObjectRef to {context_id: int32 array}: fetched once per actor, zero-copy.
         self.contexts = ray.get(contexts) if isinstance(contexts, ray.ObjectRef) else contexts
-        self.fmt, self.context_tokens, self.mode = fmt, context_tokens, mode
-        self.reserve = reserve  # the serving max_new_tokens (see build_example)
+        self.spec = spec
 
     def __call__(self, batch: Any) -> Any:
         import numpy as np
@@ -231,10 +236,8 @@ class ExampleAssembler:
         rows: dict[str, list] = {"id": [], "input_ids": [], "labels": [], "n_tokens": []}
         for ex_id, q, a, cid in zip(batch["id"], batch["question"], batch["answer"],
                                     batch["context_id"], strict=True):
-            args = (self.tokenizer, q, a, self.contexts[cid], self.fmt, self.context_tokens,
-                    self.reserve)
-            built = build_chunk_examples(*args) if self.mode == "chunks" else [build_example(*args)]
-            for ex in built:
+            for ex in build_training_examples(self.tokenizer, q, a, self.contexts[cid],
+                                              self.spec):
                 rows["id"].append(ex_id)
                 rows["input_ids"].append(np.asarray(ex["input_ids"], dtype=np.int32))
                 rows["labels"].append(np.asarray(ex["labels"], dtype=np.int32))
@@ -268,14 +271,14 @@ def context_table(contexts_ds: Any) -> dict[str, Any]:
 
 
 def examples_dataset(data_dir: str | os.PathLike, split: str, tokenizer_path: str,
-                     contexts_ref: Any, *, fmt: str = "qea", context_tokens: int = 2048,
-                     mode: str = "trim", ids: list[str] | None = None,
-                     num_cpus: float = 0.5, reserve: int = 0) -> Any:
+                     contexts_ref: Any, spec: PromptSpec, *, ids: list[str] | None = None,
+                     num_cpus: float = 0.5) -> Any:
     """Lazy Ray Dataset of assembled examples for one split (streamed to Train workers)."""
     import ray
 
-    if mode not in MODES:
-        raise ValueError(f"unknown data.mode {mode!r}; expected one of {MODES}")
+    if spec.strategy not in TRAIN_STRATEGIES:
+        raise ValueError(f"prompt.strategy {spec.strategy!r} cannot be trained; expected "
+                         f"one of {TRAIN_STRATEGIES}")
     ds = ray.data.read_parquet(
         str(Path(data_dir) / "examples.parquet"),
         columns=["id", "split", "question", "answer", "context_id"],
@@ -286,8 +289,7 @@ def examples_dataset(data_dir: str | os.PathLike, split: str, tokenizer_path: st
     return ds.map_batches(
         ExampleAssembler,
         fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "contexts": contexts_ref,
-                               "fmt": fmt, "context_tokens": context_tokens, "mode": mode,
-                               "reserve": reserve},
+                               "spec": spec},
         batch_size=32,
         batch_format="pandas",
         compute=ray.data.ActorPoolStrategy(size=1),

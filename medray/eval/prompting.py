@@ -1,0 +1,66 @@
+"""Which prompt an evaluation uses: the evaluated model's own (as it was trained), with the
+eval config's `prompt` fields laid over it (medray.prompts.resolve_prompt warns where an
+override differs from training).
+
+Where the model's prompt comes from, per engine kind:
+- vllm, hf: the prompt.json beside the adapter (engine.adapter), else beside the model folder;
+- serve: the endpoint's /v1/models card of the evaluated name (the Serve app read the
+  same prompt.json from the folder it serves);
+- API engines: none (the config's, else the defaults); baselines read no prompt.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from medray.eval.config import EngineSpec, EvalConfig
+from medray.prompts import PromptSpec, load_prompt_spec, resolve_prompt
+
+
+def _local_spec(path: str | None) -> PromptSpec | None:
+    if path and Path(path).is_dir():
+        return load_prompt_spec(path)
+    return None
+
+
+def served_prompt(engine: EngineSpec, api_key: str | None = None) -> PromptSpec | None:
+    """The PromptSpec a medray endpoint reports for the evaluated model (None if it reports
+    none)."""
+    import httpx
+
+    key = api_key or os.environ.get(engine.api_key_env or "MEDRAY_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    name = engine.model or "medray"
+    wanted = {f"{name}:{engine.adapter}", engine.adapter} if engine.adapter else {name}
+    url = f"{(engine.url or '').rstrip('/')}/v1/models"
+    try:
+        resp = httpx.get(url, headers=headers, timeout=engine.timeout_s)
+        resp.raise_for_status()
+    except httpx.HTTPError as err:
+        raise ValueError(f"{url}: cannot read the served model's prompt ({err})") from None
+    for card in resp.json().get("data", []):
+        if card.get("id") in wanted and card.get("prompt"):
+            return PromptSpec.model_validate(card["prompt"])
+    return None
+
+
+def recorded_prompt(engine: EngineSpec, api_key: str | None = None) -> tuple[Any, str]:
+    """(the evaluated model's recorded PromptSpec or None, where it came from)."""
+    if engine.kind in ("vllm", "hf"):
+        for path in (engine.adapter, engine.model):
+            spec = _local_spec(path)
+            if spec is not None:
+                return spec, str(path)
+        return None, str(engine.model)
+    if engine.kind == "serve":
+        return served_prompt(engine, api_key), f"{engine.url} ({engine.label})"
+    return None, engine.label
+
+
+def resolve_eval_prompt(cfg: EvalConfig, api_key: str | None = None,
+                        warn: Any = None) -> PromptSpec:
+    """The PromptSpec of this evaluation (computed once, on the driver)."""
+    recorded, source = recorded_prompt(cfg.engine, api_key)
+    return resolve_prompt(recorded, cfg.prompt, source=source, warn=warn)
