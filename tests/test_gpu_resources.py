@@ -30,7 +30,7 @@ def _eval_cfg(tmp_path, **engine):
 
 
 def test_vllm_actors_reserve_their_gpus(tmp_path):
-    from medray.eval.runner import worker_class
+    from medray.eval.actors import worker_class
 
     gpu = _eval_cfg(tmp_path, kind="vllm", model="m", device="gpu", tensor_parallel_size=2)
     assert gpu.engine.actor_options() == {"num_cpus": 1, "num_gpus": 2}

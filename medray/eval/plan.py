@@ -110,11 +110,9 @@ def _prompt(cfg: EvalConfig, dry_run: bool) -> PromptSpec | None:
         return cfg.prompt
     if dry_run:
         return cfg.prompt or PromptSpec()
-    from medray.eval.prompting import resolve_eval_prompt
+    from medray.eval.prompting import with_resolved_prompt
 
-    key_env = cfg.engine.engine_kwargs().get("api_key_env")
-    api_key = os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env else None
-    return resolve_eval_prompt(cfg, api_key)
+    return with_resolved_prompt(cfg).prompt
 
 
 def plain_row(row: dict[str, Any]) -> dict[str, Any]:

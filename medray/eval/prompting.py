@@ -64,3 +64,13 @@ def resolve_eval_prompt(cfg: EvalConfig, api_key: str | None = None,
     """The PromptSpec of this evaluation (computed once, on the driver)."""
     recorded, source = recorded_prompt(cfg.engine, api_key)
     return resolve_prompt(recorded, cfg.prompt, source=source, warn=warn)
+
+
+def with_resolved_prompt(cfg: EvalConfig) -> EvalConfig:
+    """The config with `prompt` resolved against the evaluated model's own (prompt.json, or
+    the endpoint's card), so every actor uses exactly it. Baselines read no prompt."""
+    if cfg.engine.kind == "baseline":
+        return cfg
+    key_env = cfg.engine.engine_kwargs().get("api_key_env")
+    api_key = os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env else None
+    return cfg.model_copy(update={"prompt": resolve_eval_prompt(cfg, api_key)})

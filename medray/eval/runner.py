@@ -21,8 +21,9 @@ from medray.eval import runio
 from medray.eval.config import EXECUTION_ONLY, EvalConfig
 from medray.eval.finish import finish_eval
 from medray.eval.plan import EvalPlan, default_cache_path, plain_row, plan_eval
+from medray.eval.prompting import with_resolved_prompt
 
-__all__ = ["EvalPlan", "plan_eval", "predict", "run_eval"]
+__all__ = ["EvalPlan", "plan_eval", "predict", "run_eval", "with_resolved_prompt"]
 
 BATCH = 16  # in-process: items per engine call (a crash loses at most one batch)
 
