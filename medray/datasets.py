@@ -29,6 +29,8 @@ class DatasetSpec:
     # generation budget): the protocols leave no room for explanations.
     max_new_tokens: Mapping[str, int] = field(default_factory=dict)
     shots: tuple[int, ...] = (0,)  # in-context example counts the protocol allows
+    # Replies start with the item's question id ("IT0001: A"); another id is non-conforming.
+    id_prefix: bool = False
 
     def budget(self, kind: str = "") -> int:
         from medray.prompts import REFERENCE_MAX_NEW_TOKENS
@@ -69,7 +71,7 @@ DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in (
         synthetic="medray.data.synth_mcq:write_europemedqa",
         prompt="medray.prompts:europemedqa_item_prompt",
         # Answers carry the question id ("IT0001: A"); multi-answer ones list letters.
-        max_new_tokens={"single": 12, "multiple": 20}),
+        max_new_tokens={"single": 12, "multiple": 20}, id_prefix=True),
 )}
 NAMES: tuple[str, ...] = tuple(DATASETS)
 

@@ -105,6 +105,7 @@ class ServeEngine:
     def mcq(self, item: dict[str, Any], shots: Sequence[dict] = (),
             max_new_tokens: int | None = None) -> dict[str, Any]:
         """One prepared multiple-choice item through /v1/mcq (its dataset's prompt)."""
+        from medray.datasets import dataset_spec
         from medray.eval.mcq import question_id
 
         payload: dict[str, Any] = {
@@ -114,7 +115,7 @@ class ServeEngine:
                        "options": [{"label": o["label"], "text": o["text"]}
                                    for o in s["options"]]} for s in shots],
             "adapter": self.adapter}
-        if item["dataset"] == "europemedqa":
+        if dataset_spec(item["dataset"]).id_prefix:
             payload["question_id"] = question_id(item)
         if max_new_tokens is not None:
             payload["max_new_tokens"] = max_new_tokens

@@ -106,7 +106,7 @@ def question_id(ex: Mapping[str, Any]) -> str:
 def answer_text(raw: str, ex: Mapping[str, Any]) -> tuple[str, bool]:
     """Strip the protocol's "<QuestionID>: " prefix; a different id is non-conforming."""
     text = raw or ""
-    if ex["dataset"] == "europemedqa":
+    if dataset_spec(str(ex["dataset"])).id_prefix:
         m = _ID_PREFIX.match(text)
         if m:
             if m.group(1).upper() != question_id(ex).upper():

@@ -312,8 +312,9 @@ class QAIngress:
         item = body.item()
         try:  # the item's dataset prompt, exactly as the eval runner renders it
             prompt = mcq.render(item, body.shot_set())
-        except ValueError as err:  # e.g. shots for a protocol without them
-            raise APIError(422, "invalid_request", str(err), "shots") from None
+        except (ValueError, KeyError) as err:  # e.g. shots for a protocol without them,
+            # or a group shot whose answer is no group letter
+            raise APIError(422, "invalid_request", f"shots: {err}", "shots") from None
         text = mcq.prompt_text(prompt, tokenizer, self._prompt(target))
         ids = tokenizer.encode(text, add_special_tokens=False)
         budget = body.max_new_tokens or mcq.max_new_tokens(item)

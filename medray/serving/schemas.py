@@ -76,8 +76,9 @@ class MCQRequest(BaseModel):
     question: str = Field(min_length=1, max_length=QUESTION_CHARS)
     options: list[Option] = Field(min_length=2, max_length=10)
     kind: Literal["single", "group", "multiple"] = "single"
-    dataset: Literal["robiology", "europemedqa"] = Field(
-        "robiology", description="whose prompt and answer format the item gets")
+    dataset: str = Field("robiology", max_length=64, description=(
+        "whose prompt and answer format the item gets: a multiple-choice dataset of "
+        "medray.datasets (robiology, europemedqa)"))
     question_id: str | None = Field(
         None, max_length=64, pattern=r"^[A-Za-z0-9_:.-]+$",
         description="EuropeMedQA: the id the prompt shows and the reply must start with")
@@ -97,11 +98,23 @@ class MCQRequest(BaseModel):
             raise ValueError(f"option labels repeat: {labels}")
         return options
 
+    @field_validator("dataset")
+    @classmethod
+    def _mcq_dataset(cls, name: str) -> str:
+        from medray.datasets import DATASETS
+
+        choices = [n for n, spec in DATASETS.items() if spec.kind == "mcq"]
+        if name not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}, got {name!r}")
+        return name
+
     @model_validator(mode="after")
-    def _id_for_europemedqa(self) -> MCQRequest:
-        if self.dataset == "europemedqa" and not self.question_id:
-            raise ValueError("question_id: required for dataset europemedqa (the protocol's "
-                             "prompt shows it and the reply starts with it)")
+    def _id_when_the_reply_carries_it(self) -> MCQRequest:
+        from medray.datasets import dataset_spec
+
+        if dataset_spec(self.dataset).id_prefix and not self.question_id:
+            raise ValueError(f"question_id: required for dataset {self.dataset} (the "
+                             "protocol's prompt shows it and the reply starts with it)")
         return self
 
     def item(self) -> dict:
