@@ -115,15 +115,15 @@ def _mcq_extras(result: dict, score: ScoreSpec, preds: dict[str, dict], scored: 
 def _prompt_record(plan: EvalPlan) -> tuple[str | None, int | None, str]:
     """(prompt_format, context_tokens, description) of what the model read."""
     cfg, spec, data, p = plan.cfg, plan.cfg.engine, plan.data, plan.prompt
+    if spec.kind == "baseline":
+        tokens = spec.tokens if spec.baseline == "random-token" else None
+        return None, tokens, f"none (baseline {spec.baseline})"
     if data.kind == "mcq":
         desc = (f"mcq prompt per kind ({data.dataset}), {p.shots}-shot"
                 + (f" (train-split shots, seed {cfg.seed})" if p.shots else "")
                 + ("; group items asked as multiple choice over the statements"
                    if cfg.group_as_multiple else ""))
         return f"mcq:{data.dataset}:{p.shots}shot", None, desc
-    if spec.kind == "baseline":
-        tokens = spec.tokens if spec.baseline == "random-token" else None
-        return None, tokens, f"none (baseline {spec.baseline})"
     if spec.external:
         return ("qea:full", None, "qea (question, whole epicrisis, answer), 0-shot, at most "
                 f"{plan.budget()} new tokens")
