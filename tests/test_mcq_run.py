@@ -304,3 +304,40 @@ def test_real_europemedqa_slice_with_tiny_local_model(shared_data, tiny_model, t
     rows = [json.loads(x) for x in (tmp_path / "run" / "predictions.jsonl").read_text()
             .splitlines()]
     assert len(rows) == 30 and all(r["engine"] == "hf" and r["n_tokens"] <= 12 for r in rows)
+
+
+def test_api_engine_through_an_eval_config_is_the_same_run(europemedqa_prepared, tmp_path):
+    """`medray eval --config` takes every engine kind: the YAML below is what
+    `--engine anthropic:m --sample 3` stands for, and both write the same run folder."""
+    import yaml
+
+    with FakeAnthropic(responder=lambda b: "A") as server:
+        flags = CliRunner().invoke(app, [
+            "eval", "--engine", "anthropic:m", "--base-url", server.url,
+            "--data", str(europemedqa_prepared), "--output", str(tmp_path / "flags"),
+            "--sample", "3", "--cache", str(tmp_path / "c.sqlite")])
+        assert flags.exit_code == 0, flags.output
+        cfg = tmp_path / "eval.yaml"
+        cfg.write_text(yaml.safe_dump({
+            "data": str(europemedqa_prepared), "sample": 3,
+            "cache": str(tmp_path / "c.sqlite"),
+            "engine": {"kind": "anthropic", "model": "m", "base_url": server.url},
+            "score": {"by": ["language", "modality"]}}))
+        config = CliRunner().invoke(app, ["eval", "--config", str(cfg), "--output",
+                                          str(tmp_path / "config")])
+        assert config.exit_code == 0, config.output
+        assert server.calls == 3  # the second run's answers all came from the cache
+    a, b = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("flags", "config"))
+    assert a["run"] == b["run"] and b["run"]["engine"] == "anthropic" and b["run"]["n"] == 3
+    for key in ("metrics", "by", "per_kind", "n_conforming", "key_distribution"):
+        assert a["metrics"]["mcq"][key] == b["metrics"]["mcq"][key], key
+    rows = [{r["id"]: (r["prediction"], r["raw_output"], r["conforming"]) for r in map(
+        json.loads, (tmp_path / d / "predictions.jsonl").read_text().splitlines())}
+        for d in ("flags", "config")]
+    assert rows[0] == rows[1] and len(rows[0]) == 3
+    # the configs differ only in settings that do not change what is computed
+    ca, cb = (json.loads((tmp_path / d / "config.json").read_text())
+              for d in ("flags", "config"))
+    from medray.eval.runio import config_diff
+
+    assert set(config_diff(ca, cb)) <= {"engine.timeout_s"}
