@@ -25,16 +25,22 @@ class EngineEntry:
     module: str | None = None  # None: answered without a model (baselines)
     cls: str = ""
     external: bool = False  # a third-party provider's SDK (governance: clinical text opt-in)
+    images: bool = False  # takes images with a prompt (else image items are not asked)
+    loglik: bool = False  # scores options by log-likelihood by default (local models)
+    # Takes concurrent calls from several threads of one actor (vLLM's offline engine does
+    # not: two at once abort the process).
+    thread_safe: bool = True
 
 
 ENGINES: dict[str, EngineEntry] = {
     "serve": EngineEntry("url", "ray", "medray.engines.serve", "ServeEngine"),
-    "vllm": EngineEntry("model", "ray", "medray.engines.vllm", "VLLMEngine"),
-    "hf": EngineEntry("model", "local", "medray.engines.hf", "HFEngine"),
+    "vllm": EngineEntry("model", "ray", "medray.engines.vllm", "VLLMEngine", loglik=True,
+                        thread_safe=False),
+    "hf": EngineEntry("model", "local", "medray.engines.hf", "HFEngine", loglik=True),
     "openai": EngineEntry("model", "local", "medray.engines.openai", "OpenAIEngine",
-                          external=True),
+                          external=True, images=True),
     "anthropic": EngineEntry("model", "local", "medray.engines.anthropic", "AnthropicEngine",
-                             external=True),
+                             external=True, images=True),
     "baseline": EngineEntry("baseline", "local"),
 }
 KINDS = tuple(ENGINES)

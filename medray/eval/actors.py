@@ -54,9 +54,9 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
 
     cfg = plan.cfg
     n_actors = min(cfg.actors, len(pending))
-    # vLLM's offline engine is not thread-safe: two threads in one actor calling it at once
-    # abort the process, so an in-process vLLM actor takes one request at a time.
-    per_actor = 1 if cfg.engine.kind == "vllm" else max(1, -(-cfg.max_in_flight // n_actors))
+    # An engine that is not thread-safe (in-process vLLM) takes one request at a time.
+    per_actor = (max(1, -(-cfg.max_in_flight // n_actors)) if cfg.engine.entry.thread_safe
+                 else 1)
     worker_cls = worker_class(cfg, per_actor)
     config = cfg.model_dump(mode="json")
     actors = [worker_cls.remote(config, api_key, plan.shots, plan.loglik, plan.max_new_tokens)

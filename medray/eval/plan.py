@@ -89,14 +89,13 @@ def plan_eval(cfg: EvalConfig, *, engine: Any = None, dry_run: bool = False) -> 
     if data.kind == "mcq" and spec.kind != "baseline":
         plan.shots = mcq.shot_sets(data.examples, list(items["kind"]), shots, cfg.seed)
         images_ok = (getattr(engine, "supports_images", False) if engine is not None
-                     else spec.external)
+                     else spec.entry.images)
         if not images_ok:
             plan.skipped_images = [str(i) for i, im in zip(items["id"], items["images"],
                                                            strict=True) if len(im)]
-        scores = hasattr(engine, "score_options") if engine is not None else (
-            spec.kind in ("hf", "vllm"))
-        plan.loglik = cfg.loglik if cfg.loglik is not None else (
-            scores and not spec.external and not hasattr(engine, "chat"))
+        default = (hasattr(engine, "score_options") and not hasattr(engine, "chat")
+                   if engine is not None else spec.entry.loglik)
+        plan.loglik = cfg.loglik if cfg.loglik is not None else default
     elif shots:
         raise ValueError(f"prompt.shots: {data.dataset} is {data.kind}; in-context examples "
                          "are for multiple-choice data")

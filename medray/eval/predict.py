@@ -78,14 +78,15 @@ class Predictor:
         """Rows for `examples` (prepared rows), in order."""
         if self.spec.kind == "baseline":
             return [dict(self._baseline[str(ex["id"])]) for ex in examples]
+        # Serve has QA and MCQ routes that prompt on the server with the same code.
         if self.data.kind == "generative":
-            if self.spec.kind == "serve":
+            if hasattr(self.engine, "qa"):
                 return [self._serve_qa(ex) for ex in examples]
             if self.spec.external or not hasattr(self.engine, "tokenizer"):
                 return self._whole_context(examples)
             return [self._strategy(ex) for ex in examples]
         items = [mcq.example_dict(ex) for ex in examples]
-        if self.spec.kind == "serve":
+        if hasattr(self.engine, "mcq"):
             return [self._serve_mcq(ex) for ex in items]
         return self._mcq(items)
 
