@@ -1,7 +1,7 @@
 """Entry point for `ray job submit --working-dir . -- python jobs/finetune.py --config X`.
 
 Thin on purpose: parses arguments and calls the same code as `medray train`. Inside a
-submitted job RAY_ADDRESS is set, so `ray.init()` joins the existing cluster.
+submitted job RAY_ADDRESS is set, so `connect()` joins the existing cluster.
 """
 
 from __future__ import annotations
@@ -21,17 +21,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides")
     args = parser.parse_args(argv)
 
+    from medray.config import ConfigError
     from medray.fsutil import OutputRefused, check_output
     from medray.models import LoraTargetError
     from medray.raycluster import connect
     from medray.tokenize import BudgetError
-    from medray.train.config import ConfigError, load_config
-    from medray.train.trainer import run_training
+    from medray.train.config import load_config
+    from medray.train.trainer import preflight, run_training
 
     try:
         cfg = load_config(args.config, args.overrides)
         check_output(args.output, [cfg.data.path])  # never into a folder medray did not make
-        connect()  # RAY_ADDRESS (set by `ray job submit`) or a local cluster
+        preflight(cfg)  # every cheap check, before Ray starts
+        # RAY_ADDRESS (set by `ray job submit`) or a local cluster sized for the run.
+        connect(min_cpus=cfg.scaling.local_cpus())
         metrics = run_training(cfg, args.output)
     except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError,
             OutputRefused) as exc:

@@ -9,10 +9,11 @@ from typing import Annotated
 import typer
 
 from medray.choices import Compat, Dataset, PromptFormat, Scale
+from medray.console import fail
 
-data_app = typer.Typer(rich_markup_mode=None,
-                       help="Synthesise, prepare and inspect benchmark data.",
-                       no_args_is_help=True)
+app = typer.Typer(rich_markup_mode=None,
+                  help="Synthesise, prepare and inspect benchmark data.",
+                  no_args_is_help=True)
 
 
 DatasetOpt = Annotated[Dataset, typer.Option("--dataset", "-d", help="the benchmark")]
@@ -21,13 +22,7 @@ ForceOpt = Annotated[bool, typer.Option(
     "(an output that equals, contains or lies inside the input is refused regardless)")]
 
 
-def fail(message: str) -> typer.Exit:
-    """Print an error for the user and return the exit (status 2: bad input)."""
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(2)
-
-
-@data_app.command()
+@app.command()
 def synth(
     dataset: DatasetOpt,
     out: Annotated[Path, typer.Option(help="directory for the raw files")],
@@ -43,11 +38,11 @@ def synth(
     try:
         path = write(out, seed=seed, scale=scale.value, force=force)
     except OutputRefused as err:
-        raise fail(str(err)) from None
+        fail(str(err))
     typer.echo(f"wrote synthetic {dataset} (seed {seed}, scale {scale}) to {path}")
 
 
-@data_app.command()
+@app.command()
 def prepare(
     dataset: DatasetOpt,
     input: Annotated[Path, typer.Option("--input", "-i", help="raw file or directory")],
@@ -69,12 +64,12 @@ def prepare(
     from medray.fsutil import OutputRefused
 
     if not input.exists():
-        raise fail(f"--input {input}: no such file or directory")
+        fail(f"--input {input}: no such file or directory")
     try:
         data = run_prepare(dataset.value, input, out, compat=compat and compat.value,
                            shuffle=shuffle, seed=seed, encoding=encoding, force=force)
     except (DataError, OutputRefused) as err:
-        raise fail(str(err)) from None
+        fail(str(err))
     _print_files(data.manifest)
     stats = compute_stats(data)
     typer.echo(f"prepared {dataset.value} -> {out} ({stats['examples']} examples)")
@@ -105,7 +100,7 @@ def _print_files(manifest: dict) -> None:
         typer.echo(f"  ignored: {Path(path).name}")
 
 
-@data_app.command()
+@app.command()
 def stats(
     directory: Annotated[Path, typer.Argument(help="prepared dataset directory")],
     tokenizer: Annotated[str | None, typer.Option(help="count context tokens with this "
@@ -119,7 +114,7 @@ def stats(
     try:
         data = load_prepared(directory)
     except FileNotFoundError as err:
-        raise fail(str(err)) from None
+        fail(str(err))
     tok = None
     if tokenizer:
         from transformers import AutoTokenizer
@@ -141,7 +136,7 @@ def stats(
     Console().print(table)
 
 
-@data_app.command()
+@app.command()
 def prompt(
     directory: Annotated[Path, typer.Argument(help="prepared dataset directory")],
     id: Annotated[str, typer.Option(
@@ -164,5 +159,9 @@ def prompt(
         text = render_example(data, id, fmt=format.value, context_tokens=context_tokens,
                               tokenizer=tokenizer, shots=shots)
     except (KeyError, ValueError, FileNotFoundError) as err:
-        raise fail(str(err).strip("'\"")) from None
+        fail(str(err).strip("'\""))
     sys.stdout.write(text + "\n")
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="data")

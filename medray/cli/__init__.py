@@ -1,0 +1,49 @@
+"""The `medray` command line: one typer app, one module per command group.
+
+    medray data ...           medray.cli.data   (synth, prepare, stats, prompt)
+    medray model/train/export medray.cli.train
+    medray tune               medray.cli.tune
+    medray demo               medray.cli.demo
+    medray eval/report/score/baseline/ensemble/translate/serve   the evaluation side
+
+Each module exposes `register(app)`. Importing the CLI stays light: torch, ray and vLLM
+are imported inside the commands. Every command reports bad input through
+medray.console.fail (`error: ...`, exit status 2). `python -m medray` runs the same app.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from medray.cli import data, demo, train, tune
+
+app = typer.Typer(rich_markup_mode=None,
+    help="Fine-tune, serve and evaluate LLMs on medical QA benchmarks, on Ray.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+for _group in (data, demo, train, tune):
+    _group.register(app)
+
+
+def _register_evaluation(root: typer.Typer) -> None:
+    """The evaluation side: eval, report, score, baseline, ensemble, translate, serve."""
+    from medray.eval.api_commands import ensemble, translate
+    from medray.eval.commands import baseline, score
+    from medray.eval.run_commands import eval_cmd, report_cmd, serve_cmd
+
+    root.command()(score)
+    root.command()(baseline)
+    root.command("serve")(serve_cmd)
+    root.command("eval")(eval_cmd)
+    root.command("report")(report_cmd)
+    root.command()(ensemble)
+    root.command()(translate)
+
+
+_register_evaluation(app)
+
+
+def main() -> None:
+    app()
