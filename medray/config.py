@@ -54,11 +54,12 @@ def apply_overrides(raw: dict, overrides: list[str]) -> dict:
     return raw
 
 
-def format_errors(exc: ValidationError, source: str) -> str:
-    """One line per pydantic error: `SOURCE: unknown key 'a.b'`, `SOURCE: 'a.b': why`."""
+def format_errors(exc: ValidationError, source: str, prefix: str = "") -> str:
+    """One line per pydantic error: `SOURCE: unknown key 'a.b'`, `SOURCE: 'a.b': why`.
+    `prefix`: where the validated mapping sits in the file (`applications.0.args`)."""
     lines = []
     for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "<root>"
+        key = ".".join([*filter(None, [prefix]), *(str(p) for p in err["loc"])]) or "<root>"
         if err["type"] == "extra_forbidden":
             lines.append(f"{source}: unknown key '{key}'")
         elif err["type"] == "missing":
@@ -83,12 +84,13 @@ def read_yaml(path: str | os.PathLike, what: str = "config file") -> dict:
     return raw
 
 
-def validate(model: type[M], raw: Any, source: str) -> M:
-    """`model.model_validate(raw)`, its errors as one ConfigError naming `source`."""
+def validate(model: type[M], raw: Any, source: str, prefix: str = "") -> M:
+    """`model.model_validate(raw)`, its errors as one ConfigError naming `source` and the
+    dotted key (under `prefix`)."""
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        raise ConfigError(format_errors(exc, source)) from None
+        raise ConfigError(format_errors(exc, source, prefix)) from None
 
 
 def load_yaml(model: type[M], path: str | os.PathLike, overrides: list[str] | None = None,
