@@ -97,9 +97,9 @@ def _run(plan: Any, display: Any, *, resume: bool, best_if_partial: bool) -> Any
 
 def main(argv: list[str] | None = None) -> None:
     """`tune/sweep.py` and `jobs/sweep.py`: the `medray tune` command on its own (exits)."""
-    app = typer.Typer(rich_markup_mode=None, add_completion=False, pretty_exceptions_enable=False)
-    app.command()(tune)
-    app(args=argv, prog_name="sweep.py")
+    from medray.cli.standalone import run_alone
+
+    run_alone(tune, "sweep.py", argv)
 
 
 def register(root: typer.Typer) -> None:

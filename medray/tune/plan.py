@@ -133,12 +133,14 @@ def plan_sweep(config: str | os.PathLike, space_path: str | os.PathLike,
 
 
 def load_plan(output: str | os.PathLike) -> SweepPlan:
+    """The plan a sweep in `output` was started with (what --resume continues)."""
     output = Path(output)
-    spec = output / SPEC_FILE
-    if not spec.is_file():
+    try:
+        spec = json.loads((output / SPEC_FILE).read_text())
+    except FileNotFoundError:
         raise FileNotFoundError(f"{output}: no {SPEC_FILE}; nothing to resume (start the "
-                                "sweep with --config and --space first)")
-    return SweepPlan.from_json(output, json.loads(spec.read_text()))
+                                "sweep with --config and --space first)") from None
+    return SweepPlan.from_json(output, spec)
 
 
 def trial_config(base: dict, sample: dict) -> dict:
