@@ -1,6 +1,6 @@
 """Every prompt format, in one place: training, serving and evaluation all render here.
 
-MedQARo strings are the reference code's, character for character (benchmarks.md).
+MedQARo strings are the reference code's, character for character (docs/benchmarks.md).
 RoBiology prompts are the paper's Appendix B (user prompt per kind; few-shot examples go
 in the system prompt). The EuropeMedQA prompt is the protocol's strict system/user pair.
 """

@@ -1,8 +1,8 @@
 """Engine specs -> Engine instances: `openai:MODEL`, `anthropic:MODEL`, `hf:PATH`,
 `vllm:PATH`, `serve:URL`.
 
-Local engines live in modules written elsewhere (hf.py, vllm.py, serve.py) and are imported
-only when asked for, so parsing a spec or building an API engine never pulls in torch/vLLM.
+Local engines (hf.py, vllm.py, serve.py) are imported only when asked for, so parsing a
+spec or building an API engine never pulls in torch/vLLM.
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ API_PROVIDERS = ("openai", "anthropic")
 LOCAL_PROVIDERS = ("hf", "vllm", "serve")
 PROVIDERS = API_PROVIDERS + LOCAL_PROVIDERS
 
-# provider -> (module, class names tried in order)
-_LOCAL_CLASSES: dict[str, tuple[str, tuple[str, ...]]] = {
-    "hf": ("medray.engines.hf", ("HFEngine", "HfEngine", "TransformersEngine")),
-    "vllm": ("medray.engines.vllm", ("VLLMEngine",)),
-    "serve": ("medray.engines.serve", ("ServeEngine", "HTTPEngine")),
+# provider -> (module, engine class): imported only when that provider is asked for.
+_LOCAL_CLASSES: dict[str, tuple[str, str]] = {
+    "hf": ("medray.engines.hf", "HFEngine"),
+    "vllm": ("medray.engines.vllm", "VLLMEngine"),
+    "serve": ("medray.engines.serve", "ServeEngine"),
 }
 
 
@@ -68,15 +68,5 @@ def build_engine(spec: str | EngineSpec, *, base_url: str | None = None,
         from medray.engines.anthropic import AnthropicEngine
 
         return AnthropicEngine(parsed.target, base_url=base_url, cache=cache, **kwargs)
-    module_name, class_names = _LOCAL_CLASSES[parsed.provider]
-    try:
-        module = importlib.import_module(module_name)
-    except ModuleNotFoundError as err:
-        if err.name and err.name.startswith("medray"):
-            raise EngineSpecError(f"engine {parsed}: {module_name} is not available") from err
-        raise
-    for name in class_names:
-        cls = getattr(module, name, None)
-        if cls is not None:
-            return cls(parsed.target, **kwargs)
-    raise EngineSpecError(f"engine {parsed}: {module_name} defines none of {class_names}")
+    module_name, class_name = _LOCAL_CLASSES[parsed.provider]
+    return getattr(importlib.import_module(module_name), class_name)(parsed.target, **kwargs)

@@ -1,4 +1,4 @@
-"""The `--engine` path of `medray eval` (issue 7), plus `medray ensemble` and `medray translate`.
+"""The `--engine` path of `medray eval`, plus `medray ensemble` and `medray translate`.
 Only typer at import time: everything heavy is imported inside the functions."""
 
 from __future__ import annotations

@@ -102,7 +102,7 @@ class PredictionWriter:
 
 def prediction_row(engine: Any, ex: dict, prediction: str, gen: Any, conforming: bool,
                    prompt_format: str, context_tokens: int | None = None) -> dict:
-    """The DESIGN.md predictions row (+ token usage of API calls)."""
+    """The predictions row (docs/architecture.md), plus token usage of API calls."""
     logprob = getattr(gen, "mean_logprob", None)
     return {
         "id": ex["id"],

@@ -50,11 +50,12 @@ def finished_ids(path: Path) -> set[str]:
 
 def _pending_rows(cfg: EvalConfig, done: set[str]):
     """Ray Data reads the split from the prepared examples table, minus finished ids."""
-    import ray.data
     from ray.data.expressions import col
 
+    from medray.data.prepared import read_table
+
     # An expression filter (not a Python lambda): Ray Data can push it into the read.
-    ds = ray.data.read_parquet(str(Path(cfg.data) / "examples.parquet"))
+    ds = read_table(cfg.data, "examples")
     ds = ds.filter(expr=col("split") == cfg.split)
     rows = list(ds.iter_rows())  # one split: small enough to hold its rows
     rows.sort(key=_id_order)
