@@ -84,7 +84,7 @@ def test_cycle_finder_finds_a_cycle_and_accepts_a_tree():
     assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
 
 
-def test_graph_sees_deferred_and_relative_imports(tmp_path):
+def test_graph_sees_deferred_imports():
     graph = import_graph()
     assert "medray.fsutil" in graph["medray.train.trainer"]  # imported inside a function
 
@@ -98,3 +98,26 @@ def test_every_module_is_small():
     lines = {p: len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
     big = sorted(f"{p.relative_to(ROOT)}: {n} lines" for p, n in lines.items() if n > MAX_LINES)
     assert not big, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(big)
+
+
+# Entry points that may join Ray: the command line, the Ray helper itself, and the demo
+# (a program of its own: its Ray has a dashboard and hosts its Serve apps).
+RAY_ENTRY_POINTS = ("medray.cli", "medray.raycluster", "medray.demo")
+
+
+def test_ray_is_joined_only_at_entry_points():
+    """Library code runs on the Ray its entry point joined (raycluster.require_connected),
+    so the entry point's resource floor applies; it never calls ray.init or connect."""
+    offenders = []
+    for name, path in _modules().items():
+        if name.startswith(RAY_ENTRY_POINTS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "medray.raycluster" and any(
+                    alias.name == "connect" for alias in node.names):
+                offenders.append(f"{name}:{node.lineno} imports connect")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "init" and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "ray"):
+                offenders.append(f"{name}:{node.lineno} calls ray.init")
+    assert not offenders, "Ray joined outside an entry point:\n" + "\n".join(offenders)
