@@ -33,16 +33,12 @@ PAPER_BUDGET = 2048
 def medqaro_lengths(n: int, budget: int, seed: int,
                     paper_budget: int = PAPER_BUDGET) -> list[tuple[int, int]]:
     """(prompt+context tokens, answer tokens) pairs shaped like MedQARo at `budget`."""
-    import math
+    from _medqaro_rows import draw_lengths
 
     rng = random.Random(seed)
-    sigma = 0.75
-    mu = math.log(7829) - sigma**2 / 2  # log-normal with the paper's mean
     out = []
     for _ in range(n):
-        epicrisis = min(max(int(rng.lognormvariate(mu, sigma)), 207), 34247)
-        answer = min(max(int(rng.expovariate(1 / 4)), 1), 60)  # mean 4 tokens
-        question = rng.randint(7, 30)
+        epicrisis, question, answer = draw_lengths(rng)
         total = min(paper_budget, epicrisis + question + 8 + answer + 1)
         scaled = max(answer + 4, round(total * budget / paper_budget))
         out.append((scaled - answer - 1, answer + 1))

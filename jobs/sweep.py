@@ -14,6 +14,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 if __name__ == "__main__":
-    from medray.tune.commands import main
+    from medray.cli.tune import main
 
     main()

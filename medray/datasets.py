@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from medray.prompts import REFERENCE_MAX_NEW_TOKENS
+
 
 @dataclass(frozen=True)
 class DatasetSpec:
@@ -33,8 +35,6 @@ class DatasetSpec:
     id_prefix: bool = False
 
     def budget(self, kind: str = "") -> int:
-        from medray.prompts import REFERENCE_MAX_NEW_TOKENS
-
         return self.max_new_tokens.get(kind, self.max_new_tokens.get("", REFERENCE_MAX_NEW_TOKENS))
 
     def load(self, input_path: Any, **options: Any) -> tuple[Any, Any, dict]:

@@ -15,7 +15,7 @@ from typing import Any
 
 from medray.fsutil import atomic_directory
 
-# vLLM on CPU accepts only these attention head sizes (DESIGN.md).
+# vLLM on CPU accepts only these attention head sizes (docs/architecture.md).
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 
 SPECIAL_TOKENS = {"unk": "<unk>", "bos": "<s>", "eos": "</s>", "pad": "<pad>"}

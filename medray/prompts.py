@@ -1,6 +1,6 @@
 """Every prompt format, in one place: training, serving and evaluation all render here.
 
-MedQARo strings are the reference code's, character for character (benchmarks.md).
+MedQARo strings are the reference code's, character for character (docs/benchmarks.md).
 RoBiology prompts are the paper's Appendix B (user prompt per kind; few-shot examples go
 in the system prompt). The EuropeMedQA prompt is the protocol's strict system/user pair.
 """
@@ -336,10 +336,3 @@ def robiology_item_prompt(example: Mapping[str, Any],
                           shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
     """A prepared RoBiology item (Appendix B prompt of its kind)."""
     return robiology_prompt(example["question"], list(example["options"]), example["kind"], shots)
-
-
-def mcq_prompt(example: Mapping[str, Any], shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
-    """The prompt of a multiple-choice item, by its dataset's DatasetSpec."""
-    from medray.datasets import dataset_spec
-
-    return dataset_spec(str(example["dataset"])).prompt_fn()(example, shots)

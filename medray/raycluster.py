@@ -1,7 +1,9 @@
 """Joining Ray: the cluster named by --address / RAY_ADDRESS, or a local one for a laptop.
 
-One place for every entry point (train, tune, eval, serve, demo), so a 2-core laptop gets
-the same working set-up everywhere.
+One place for every entry point (the CLI commands, jobs/*.py, tune/sweep.py, bench/), so
+a 2-core laptop gets the same working set-up everywhere. Library code never connects: it
+runs on the Ray its entry point joined (`require_connected`), so the entry point's
+resource floor (`min_cpus`) is the one that applies.
 """
 
 from __future__ import annotations
@@ -52,3 +54,13 @@ def connect(address: str | None = None, *, num_cpus: int | None = None, min_cpus
     cpus = num_cpus or max(LOCAL_MIN_LOGICAL_CPUS, os.cpu_count() or 1, int(min_cpus + 0.999))
     return ray.init(num_cpus=cpus, include_dashboard=dashboard, log_to_driver=log_to_driver,
                     **({"dashboard_host": "127.0.0.1"} if dashboard else {}))
+
+
+def require_connected(what: str) -> None:
+    """Library code that needs Ray calls this instead of starting one: an implicit
+    `ray.init` would size a local cluster by the physical cores and ignore `min_cpus`."""
+    import ray
+
+    if not ray.is_initialized():
+        raise RuntimeError(f"{what} needs Ray: the entry point calls "
+                           "medray.raycluster.connect() first")

@@ -10,23 +10,21 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, Field, model_validator
 
+from medray.config import ConfigError, Strict, read_yaml, validate
 from medray.prompts import PromptSpec, load_prompt_spec, moved_prompt_keys, resolve_prompt
 
 
-class Autoscaling(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class Autoscaling(Strict):
     min_replicas: int = Field(1, ge=0)
     max_replicas: int = Field(1, ge=1)
     target_ongoing_requests: float = Field(4, gt=0)
 
 
-class Replicas(BaseModel):
+class Replicas(Strict):
     """Either a fixed replica count or an autoscaling block (Serve's own fields)."""
 
-    model_config = ConfigDict(extra="forbid")
     num_replicas: int | None = Field(1, ge=1)
     autoscaling: Autoscaling | None = None
     num_cpus: float = Field(1.0, gt=0)
@@ -37,15 +35,13 @@ class Replicas(BaseModel):
         return {"num_replicas": self.num_replicas or 1}
 
 
-class AppConfig(BaseModel):
+class AppConfig(Strict):
     """Everything `medray.serve_app:build_app` needs; the `args` block of serve/*.yaml.
 
     Relative paths (model, models, adapters, api_keys_file) are resolved against
     `base_dir`: `medray serve --config FILE` sets it to FILE's folder; when unset (e.g. Serve's
     own `serve run`, whose builder does not see the file) the current directory is used.
     """
-
-    model_config = ConfigDict(extra="forbid")
 
     model: str = Field(description="hub id or local path of the base (or merged) model")
     model_id: str = Field("medray", description="name clients use in the `model` field")
@@ -175,11 +171,12 @@ class ServeFile(BaseModel):
 def load_serve_file(path: str | os.PathLike) -> ServeFile:
     """Read serve/X.yaml (a Serve config file: http_options + applications[0].args).
 
-    Relative paths in `args` are resolved against the file's folder."""
-    raw = yaml.safe_load(Path(path).read_text()) or {}
+    Relative paths in `args` are resolved against the file's folder; errors are
+    ConfigErrors naming the file and the key (`applications.0.args.max_model_len`)."""
+    raw = read_yaml(path, "serve config")
     apps = raw.get("applications") or []
-    if not apps:
-        raise ValueError(f"{path}: no `applications` entry")
+    if not apps or not isinstance(apps, list) or not isinstance(apps[0], dict):
+        raise ConfigError(f"{path}: no `applications` entry")
     app = apps[0]
     http = raw.get("http_options") or {}
     args = {"base_dir": str(Path(path).resolve().parent), **(app.get("args") or {})}
@@ -188,5 +185,5 @@ def load_serve_file(path: str | os.PathLike) -> ServeFile:
         port=http.get("port", 8000),
         name=app.get("name", "medray"),
         route_prefix=app.get("route_prefix", "/"),
-        args=AppConfig.model_validate(args),
+        args=validate(AppConfig, args, str(path), "applications.0.args"),
     )

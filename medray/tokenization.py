@@ -17,7 +17,6 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from medray.prompts import (
@@ -250,9 +249,9 @@ def tokenize_contexts(data_dir: str | os.PathLike, tokenizer_path: str, *,
     """Ray Dataset (context_id, context_ids): one row and one tokenisation per epicrisis."""
     import ray
 
-    return ray.data.read_parquet(
-        str(Path(data_dir) / "contexts.parquet"), columns=["context_id", "text"]
-    ).map_batches(
+    from medray.data.prepared import read_table
+
+    return read_table(data_dir, "contexts", ["context_id", "text"]).map_batches(
         ContextTokenizer,
         fn_constructor_kwargs={"tokenizer_path": tokenizer_path},
         batch_size=batch_size,
@@ -279,10 +278,10 @@ def examples_dataset(data_dir: str | os.PathLike, split: str, tokenizer_path: st
     if spec.strategy not in TRAIN_STRATEGIES:
         raise ValueError(f"prompt.strategy {spec.strategy!r} cannot be trained; expected "
                          f"one of {TRAIN_STRATEGIES}")
-    ds = ray.data.read_parquet(
-        str(Path(data_dir) / "examples.parquet"),
-        columns=["id", "split", "question", "answer", "context_id"],
-    ).filter(expr=f"split == '{split}'")
+    from medray.data.prepared import read_table
+
+    ds = read_table(data_dir, "examples", ["id", "split", "question", "answer", "context_id"]
+                    ).filter(expr=f"split == '{split}'")
     if ids is not None:  # a fixed subset (max_*_examples), chosen by the driver
         wanted = set(ids)
         ds = ds.filter(lambda r: r["id"] in wanted)

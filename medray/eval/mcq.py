@@ -26,10 +26,15 @@ import pandas as pd
 
 from medray.datasets import dataset_spec
 from medray.eval.metrics.mcq import extract_answer, extract_statements, statements_to_group
-from medray.prompts import ChatPrompt, PromptSpec, mcq_prompt
+from medray.prompts import ChatPrompt, PromptSpec
 
 _ID_PREFIX = re.compile(r"^\s*(?:question\s*id\s*[:=]?\s*)?\**([A-Z]{2}\d{1,6})\**\s*[:\-–]\s*",
                         re.IGNORECASE)
+
+
+def mcq_prompt(example: Mapping[str, Any], shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
+    """The prompt of a multiple-choice item, by its dataset's DatasetSpec."""
+    return dataset_spec(str(example["dataset"])).prompt_fn()(example, shots)
 
 
 def meta_dict(meta: Any) -> dict:

@@ -36,6 +36,7 @@ from medray.serving.errors import APIError, from_validation, install_error_handl
 from medray.serving.limits import check_openai, read_json
 from medray.serving.llm import wants_prompt_logprobs
 from medray.serving.openapi import document
+from medray.serving.prompt_logprobs import last_response, one_prompt_at_a_time
 from medray.serving.relay import Target, engine_error, generations, sse
 from medray.serving.schemas import (
     Health,
@@ -342,56 +343,15 @@ class QAIngress:
             raise APIError(400, "invalid_request_error", str(exc)[:1000]) from None
         method = "completions" if kind == "completions" else "chat"
         if self._lora_on(target) and wants_prompt_logprobs(req):
-            return await self._prompt_logprobs_one_by_one(target, method, req)
+            return await one_prompt_at_a_time(self._stream, target, method, req)
         first, gen = await self._stream(target, method, req)
         self.counts[kind] += 1
         if not req.stream:
-            return JSONResponse(await self._last(first, gen))
+            return JSONResponse(await last_response(first, gen))
         return StreamingResponse(sse(first, gen), media_type="text/event-stream")
 
     def _lora_on(self, target: Target) -> bool:
         return target.source == self.cfg.model and bool(self.cfg.adapters or self.cfg.lora_uri)
-
-    async def _prompt_logprobs_one_by_one(self, target: Target, method: str, req: Any) -> Any:
-        """With LoRA enabled a prompt-log-prob sequence must be alone in the engine's batch
-        (llm.py); the replica serialises such requests, and here a request with several
-        prompts is split into one request per prompt, answered as one response."""
-        if getattr(req, "n", 1) not in (None, 1) or (getattr(req, "best_of", None) or 1) > 1:
-            raise APIError(400, "unsupported", "with LoRA adapters served, prompt log-probs "
-                           "(echo with logprobs, or prompt_logprobs) need n=1", "n")
-        prompt = getattr(req, "prompt", None)
-        several = isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
-        if not several or len(prompt) == 1:
-            first, gen = await self._stream(target, method, req)
-            if req.stream:
-                return StreamingResponse(sse(first, gen), media_type="text/event-stream")
-            return JSONResponse(await self._last(first, gen))
-        if req.stream:
-            raise APIError(400, "unsupported", "with LoRA adapters served, prompt log-probs "
-                           "of several prompts cannot be streamed; send stream=false or one "
-                           "prompt per request", "stream")
-        merged: dict[str, Any] | None = None
-        for i, one in enumerate(prompt):
-            part = await self._last(*await self._stream(
-                target, method, req.model_copy(update={"prompt": one})))
-            for choice in part["choices"]:
-                choice["index"] = i
-            if merged is None:
-                merged = part
-                continue
-            merged["choices"] += part["choices"]
-            for key, value in (part.get("usage") or {}).items():
-                if isinstance(value, int) and isinstance(merged["usage"].get(key), int):
-                    merged["usage"][key] += value
-        return JSONResponse(merged)
-
-    @staticmethod
-    async def _last(first: Any, gen: Any) -> dict[str, Any]:
-        result = first
-        async for item in gen:
-            result = item
-        result = result[-1] if isinstance(result, list) else result
-        return result.model_dump(mode="json")
 
     @route.post("/v1/completions", body="CompletionRequest", response="CompletionResponse")
     async def completions(self, request: Request) -> Any:

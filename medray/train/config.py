@@ -1,29 +1,23 @@
-"""Training configuration: pydantic models, YAML loading, `key=value` overrides.
+"""Training configuration: the pydantic sections of a `medray train` YAML.
 
-Unknown keys are rejected everywhere (`extra="forbid"`), so a typo fails before any worker
-starts with the dotted key in the message. Defaults are the papers' recipe (LoRA r=8,
-alpha=16, dropout 0.05, lr 2e-5, 100 warm-up steps, batch 1 x accumulation 8, 3 epochs,
-bf16) — see ../shared/benchmarks.md.
+Loaded by medray.config (strict models, dotted `key=value` overrides, errors naming the
+file and key). Defaults are the papers' recipe (LoRA r=8, alpha=16, dropout 0.05, lr 2e-5,
+100 warm-up steps, batch 1 x accumulation 8, 3 epochs, bf16) — see docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
+from medray.config import ConfigError, read_yaml, validate
+from medray.config import Strict as _Strict
+from medray.config import apply_overrides as apply_overrides
+from medray.config import format_errors as format_errors
+from medray.config import parse_override as parse_override
 from medray.prompts import TRAIN_STRATEGIES, PromptSpec, moved_prompt_keys
-
-
-class ConfigError(ValueError):
-    """A bad config: names the file and the dotted key."""
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", protected_namespaces=())
 
 
 class ModelConfig(_Strict):
@@ -99,6 +93,11 @@ class ScalingConfig(_Strict):
     use_gpu: bool = False
     cpus_per_worker: float = Field(1, gt=0)
 
+    def local_cpus(self) -> float:
+        """Logical CPUs a local Ray needs for the run: the Train workers plus room for the
+        driver and Ray Data's tasks (`min_cpus` of medray.raycluster.connect)."""
+        return self.num_workers * self.cpus_per_worker + 2
+
 
 class CheckpointConfig(_Strict):
     every_steps: int | None = Field(None, ge=1)  # optimiser steps; also at each epoch end
@@ -142,40 +141,6 @@ class TrainConfig(_Strict):
 # ----------------------------------------------------------------------- loading
 
 
-def parse_override(item: str) -> tuple[list[str], Any]:
-    if "=" not in item:
-        raise ConfigError(f"override {item!r} is not key=value")
-    key, raw = item.split("=", 1)
-    if not key or any(not p for p in key.split(".")):
-        raise ConfigError(f"override {item!r}: bad key {key!r}")
-    return key.split("."), yaml.safe_load(raw) if raw != "" else ""
-
-
-def apply_overrides(raw: dict, overrides: list[str]) -> dict:
-    for item in overrides:
-        path, value = parse_override(item)
-        node = raw
-        for part in path[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"override {item!r}: {part!r} is not a section")
-        node[path[-1]] = value
-    return raw
-
-
-def format_errors(exc: ValidationError, source: str) -> str:
-    lines = []
-    for err in exc.errors():
-        key = ".".join(str(p) for p in err["loc"]) or "<root>"
-        if err["type"] == "extra_forbidden":
-            lines.append(f"{source}: unknown key '{key}'")
-        elif err["type"] == "missing":
-            lines.append(f"{source}: missing key '{key}'")
-        else:
-            lines.append(f"{source}: '{key}': {err['msg']} (got {err.get('input')!r})")
-    return "\n".join(lines)
-
-
 # Keys a shipped config leaves empty on purpose: they name this machine's files.
 REQUIRED_PATHS = {("model", "name_or_path"): "PATH (a model folder or hub id)",
                   ("data", "path"): "DIR (a `medray data prepare` output)"}
@@ -190,24 +155,12 @@ def validate_config(raw: dict, source: str = "<config>") -> TrainConfig:
         if (raw.get(section) or {}).get(key) in (None, ""):
             raise ConfigError(f"{source}: {section}.{key} is not set: pass "
                               f"{section}.{key}={what} after the command's options")
-    try:
-        return TrainConfig.model_validate(raw)
-    except ValidationError as exc:
-        raise ConfigError(format_errors(exc, source)) from None
+    return validate(TrainConfig, raw, source)
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
-    """Read YAML, apply dotted `key=value` overrides, validate; relative paths -> config dir."""
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} not found")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ConfigError(f"{path}: top level must be a mapping")
-    raw = apply_overrides(raw, overrides or [])
+    """Read YAML, apply dotted `key=value` overrides, validate."""
+    raw = apply_overrides(read_yaml(path), overrides or [])
     return validate_config(raw, str(path))
 
 

@@ -206,7 +206,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     medray.console.Display to draw the training progress bar on."""
     import ray
 
-    from medray.raycluster import connect
+    from medray.raycluster import require_connected
     from medray.tokenization import context_table, tokenize_contexts
     from medray.train.checkpoints import export_adapter, load_state
     from medray.train.progress import TrainingBoard
@@ -216,8 +216,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     from medray.fsutil import claim_directory
 
     claim_directory(output, force=True, command="train")  # refusals: the CLI, before
-    # RAY_ADDRESS set (ray job submit, a cluster): join it; otherwise a local cluster.
-    connect(min_cpus=cfg.scaling.num_workers * cfg.scaling.cpus_per_worker + 2)
+    require_connected("training")  # joined by the entry point, with scaling.local_cpus()
     log(f"preflight ok: {checked.n_train} train / {checked.n_val} val examples, "
         f"LoRA targets {checked.lora_targets}")
 

@@ -78,7 +78,7 @@ def trial_row(result: Any, params: list[str], metric: str, mode: str,
               tune_status: str | None = None) -> dict:
     """One trials.csv row. `tune_status` (Tune's own, from its experiment snapshot) tells an
     ASHA stop (TERMINATED) from a trial the sweep's interruption cut off (RUNNING, PENDING)."""
-    from medray.tune.sweep import read_events
+    from medray.tune.plan import read_events
 
     path = Path(result.path)
     metrics = result.metrics or {}
@@ -134,7 +134,7 @@ def pick_best(table: pd.DataFrame, metric: str, mode: str) -> pd.Series | None:
 
 
 def write_best_yaml(path: Path, plan: Any, best: pd.Series, results: Any, n: int) -> Path:
-    from medray.tune.sweep import trial_config
+    from medray.tune.plan import trial_config
 
     config = next(r.config for r in results
                   if Path(r.path).name.removeprefix("trial_") == best["trial_id"]

@@ -25,24 +25,15 @@ from __future__ import annotations
 import copy
 import math
 import os
-from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, model_validator
 
-SEARCHES = ("grid", "random", "optuna")
-
-
-class SpaceError(ValueError):
-    """A bad search space: the message names the file and the key."""
+from medray.config import ConfigError, Strict, apply_overrides, read_yaml, validate
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class Param(_Strict):
+class Param(Strict):
     """One hyperparameter. Ranges are inclusive; `q` is the step of a quantised range."""
 
     type: Literal["choice", "uniform", "loguniform", "int"]
@@ -118,14 +109,14 @@ class Param(_Strict):
         return tune.quniform(lo, hi, self.q) if self.q else tune.uniform(lo, hi)
 
 
-class Scheduler(_Strict):
+class Scheduler(Strict):
     type: Literal["asha", "none"] = "asha"
     time_attr: str = "epoch"  # reported by the training loop at each epoch end
     grace_period: int = Field(1, ge=1)
     reduction_factor: float = Field(2, gt=1)
 
 
-class Space(_Strict):
+class Space(Strict):
     description: str = ""
     search: Literal["grid", "random", "optuna"] = "random"
     num_samples: int = Field(1, ge=1)
@@ -167,25 +158,11 @@ class Space(_Strict):
 
 
 def load_space(path: str | os.PathLike) -> Space:
-    path = Path(path)
-    if not path.is_file():
-        raise SpaceError(f"search space {path} not found")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise SpaceError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise SpaceError(f"{path}: top level must be a mapping")
-    return parse_space(raw, str(path))
+    return parse_space(read_yaml(path, "search space"), str(path))
 
 
 def parse_space(raw: dict, source: str = "<space>") -> Space:
-    from medray.train.config import format_errors
-
-    try:
-        return Space.model_validate(raw)
-    except ValidationError as exc:
-        raise SpaceError(format_errors(exc, source)) from None
+    return validate(Space, raw, source)
 
 
 # ------------------------------------------------------------- checks vs the training config
@@ -239,8 +216,6 @@ def as_overrides(params: dict[str, Any]) -> list[str]:
 def apply_params(raw: dict, params: dict[str, Any]) -> dict:
     """A copy of the raw training config with each dotted key set (the config's own
     `key=value` override code, so a sweep and `medray train k=v` set values the same way)."""
-    from medray.train.config import apply_overrides
-
     return apply_overrides(copy.deepcopy(raw), as_overrides(params))
 
 
@@ -253,31 +228,28 @@ def check_keys(space: Space, source: str = "<space>") -> None:
         try:
             check_key(TrainConfig, key)
         except KeyError as exc:
-            raise SpaceError(f"{source}: {section}: '{key}': {exc.args[0]}") from None
+            raise ConfigError(f"{source}: {section}: '{key}': {exc.args[0]}") from None
     dup = set(space.fixed) & set(space.params)
     if dup:
-        raise SpaceError(f"{source}: {sorted(dup)} both fixed and searched; keep one")
+        raise ConfigError(f"{source}: {sorted(dup)} both fixed and searched; keep one")
 
 
 def validate_space(space: Space, base_raw: dict, *, source: str = "<space>",
                    search: str | None = None) -> None:
     """Every param and fixed key exists in TrainConfig and every candidate value validates."""
-    from medray.train.config import ConfigError, validate_config
+    from medray.train.config import validate_config
 
     search = search or space.search
     check_keys(space, source)
     fixed_raw = apply_params(base_raw, space.fixed)
-    try:
-        validate_config(fixed_raw, f"{source} (fixed)")
-    except ConfigError as exc:
-        raise SpaceError(str(exc)) from None
+    validate_config(fixed_raw, f"{source} (fixed)")
     for key, param in space.params.items():
         for value in param.candidates():
             try:
                 validate_config(apply_params(fixed_raw, {key: value}), source)
             except ConfigError as exc:
-                raise SpaceError(f"{source}: params: '{key}' value {value!r} is rejected by "
+                raise ConfigError(f"{source}: params: '{key}' value {value!r} is rejected by "
                                  f"the training config:\n{exc}") from None
         if search == "grid" and param.grid_values() is None:
-            raise SpaceError(f"{source}: params: '{key}' is a continuous {param.type} range; "
+            raise ConfigError(f"{source}: params: '{key}' is a continuous {param.type} range; "
                              "grid search needs `grid: [...]` values or a step `q`")

@@ -22,7 +22,7 @@ from ray import tune
 from ray.tune.integration.ray_train import TuneReportCallback
 
 from medray.train.trainer import run_training
-from medray.tune.sweep import EVENTS_FILE, TRAIN_SUBDIR, read_events, trial_config
+from medray.tune.plan import EVENTS_FILE, TRAIN_SUBDIR, read_events, trial_config
 
 
 def _event(trial_dir: Path, event: str, **info: Any) -> None:

@@ -1,4 +1,4 @@
-"""CLI: `medray model tiny`, `medray train`, `medray export` (heavy imports inside)."""
+"""`medray model tiny`, `medray train`, `medray export` (heavy imports inside)."""
 
 from __future__ import annotations
 
@@ -13,10 +13,6 @@ from medray.console import command_console, fail, terminal
 model_app = typer.Typer(rich_markup_mode=None,
                         help="Base models: build the tiny offline CPU model.",
                         no_args_is_help=True)
-
-
-def _fail(msg: str) -> None:
-    fail(msg)
 
 
 @model_app.command("tiny")
@@ -41,7 +37,7 @@ def model_tiny(
                                 n_layers=layers, n_heads=heads,
                                 intermediate_size=intermediate_size, seed=seed)
     except (FileNotFoundError, ValueError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
     info = json.loads((path / "medray_tiny.json").read_text())
     print(f"tiny model in {path}: {info} (tokenizer trained on {len(texts)} texts of {corpus})")
 
@@ -56,29 +52,33 @@ def train(
                                  help="show Ray/DeepSpeed logs here (default: OUTPUT/logs/)"),
 ) -> None:
     """Fine-tune with LoRA on Ray Train (DeepSpeed ZeRO); writes OUTPUT/adapter, metrics.json."""
+    from medray.config import ConfigError
     from medray.models import LoraTargetError
     from medray.tokenization import BudgetError
-    from medray.train.config import ConfigError, load_config
+    from medray.train.config import load_config
 
     try:
         cfg = load_config(config, overrides or [])
     except ConfigError as exc:
-        _fail(str(exc))
+        fail(str(exc))
     from medray.fsutil import OutputRefused, check_output
-    from medray.train.trainer import run_training
+    from medray.raycluster import connect
+    from medray.train.trainer import preflight, run_training
 
     try:  # the run directory is created (with medray's marker) once the preflight passed
         model_path = Path(cfg.model.name_or_path)
         check_output(output, [cfg.data.path, *([model_path] if model_path.exists() else [])],
                      force)
     except OutputRefused as exc:
-        _fail(str(exc))
+        fail(str(exc))
     with command_console("train", output / "logs", verbose=verbose) as display:
         try:
             with display.stage("train"):
+                preflight(cfg)  # every cheap check fails here, before Ray starts
+                connect(min_cpus=cfg.scaling.local_cpus())
                 metrics = run_training(cfg, output, log=display.print, display=display)
         except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError) as exc:
-            _fail(str(exc))
+            fail(str(exc))
     out = terminal()
     initial = (metrics.get("initial") or {}).get("val_loss")
     if initial is not None:
@@ -110,7 +110,7 @@ def export(
         if merge:
             adapter = run_dir / "adapter"
             if not (adapter / "adapter_config.json").is_file():
-                _fail(f"{adapter}: no PEFT adapter (adapter_config.json); train first")
+                fail(f"{adapter}: no PEFT adapter (adapter_config.json); train first")
             path = merge_adapter(base_model_of(adapter), adapter, out or run_dir / "merged",
                                  dtype.value, force=force)
             print(f"merged model (base + LoRA) in {path}")
@@ -119,7 +119,7 @@ def export(
         path = export_adapter(ckpt, out or run_dir / "adapter", force=force)
         print(f"adapter from {ckpt} in {path}")
     except (FileNotFoundError, ValueError, KeyError) as exc:
-        _fail(str(exc))
+        fail(str(exc))
 
 
 def _latest_checkpoint(run_dir: Path) -> Path:
@@ -132,3 +132,9 @@ def _latest_checkpoint(run_dir: Path) -> Path:
     if not found:
         raise FileNotFoundError(f"{run_dir}: no checkpoints under {run_dir / 'ray'}")
     return max(found, key=lambda p: p.name)
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(model_app, name="model")
+    root.command("train")(train)
+    root.command("export")(export)

@@ -9,11 +9,12 @@ from typing import Annotated
 import typer
 
 from medray.choices import Compat, Dataset, PromptFormat, Scale
+from medray.console import fail
 from medray.prompts import REFERENCE_MAX_NEW_TOKENS
 
-data_app = typer.Typer(rich_markup_mode=None,
-                       help="Synthesise, prepare and inspect benchmark data.",
-                       no_args_is_help=True)
+app = typer.Typer(rich_markup_mode=None,
+                  help="Synthesise, prepare and inspect benchmark data.",
+                  no_args_is_help=True)
 
 
 DatasetOpt = Annotated[Dataset, typer.Option("--dataset", "-d", help="the benchmark")]
@@ -22,13 +23,7 @@ ForceOpt = Annotated[bool, typer.Option(
     "(an output that equals, contains or lies inside the input is refused regardless)")]
 
 
-def fail(message: str) -> typer.Exit:
-    """Print an error for the user and return the exit (status 2: bad input)."""
-    typer.secho(f"error: {message}", err=True, fg=typer.colors.RED)
-    return typer.Exit(2)
-
-
-@data_app.command()
+@app.command()
 def synth(
     dataset: DatasetOpt,
     out: Annotated[Path, typer.Option(help="directory for the raw files")],
@@ -44,11 +39,11 @@ def synth(
     try:
         path = write(out, seed=seed, scale=scale.value, force=force)
     except OutputRefused as err:
-        raise fail(str(err)) from None
+        fail(str(err))
     typer.echo(f"wrote synthetic {dataset} (seed {seed}, scale {scale}) to {path}")
 
 
-@data_app.command()
+@app.command()
 def prepare(
     dataset: DatasetOpt,
     input: Annotated[Path, typer.Option("--input", "-i", help="raw file or directory")],
@@ -70,12 +65,12 @@ def prepare(
     from medray.fsutil import OutputRefused
 
     if not input.exists():
-        raise fail(f"--input {input}: no such file or directory")
+        fail(f"--input {input}: no such file or directory")
     try:
         data = run_prepare(dataset.value, input, out, compat=compat and compat.value,
                            shuffle=shuffle, seed=seed, encoding=encoding, force=force)
     except (DataError, OutputRefused) as err:
-        raise fail(str(err)) from None
+        fail(str(err))
     _print_files(data.manifest)
     stats = compute_stats(data)
     typer.echo(f"prepared {dataset.value} -> {out} ({stats['examples']} examples)")
@@ -106,7 +101,7 @@ def _print_files(manifest: dict) -> None:
         typer.echo(f"  ignored: {Path(path).name}")
 
 
-@data_app.command()
+@app.command()
 def stats(
     directory: Annotated[Path, typer.Argument(help="prepared dataset directory")],
     tokenizer: Annotated[str | None, typer.Option(help="count context tokens with this "
@@ -120,7 +115,7 @@ def stats(
     try:
         data = load_prepared(directory)
     except FileNotFoundError as err:
-        raise fail(str(err)) from None
+        fail(str(err))
     tok = None
     if tokenizer:
         from transformers import AutoTokenizer
@@ -142,7 +137,7 @@ def stats(
     Console().print(table)
 
 
-@data_app.command()
+@app.command()
 def prompt(
     directory: Annotated[Path, typer.Argument(help="prepared dataset directory")],
     id: Annotated[str, typer.Option(
@@ -181,7 +176,11 @@ def prompt(
                               tokenizer=tokenizer, seed=seed)
     except ValidationError as err:
         first = err.errors()[0]
-        raise fail(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}") from None
+        fail(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}")
     except (KeyError, ValueError, FileNotFoundError) as err:
-        raise fail(str(err).strip("'\"")) from None
+        fail(str(err).strip("'\""))
     sys.stdout.write(text + "\n")
+
+
+def register(root: typer.Typer) -> None:
+    root.add_typer(app, name="data")

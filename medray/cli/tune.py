@@ -1,4 +1,4 @@
-"""CLI: `medray tune` (Ray is imported inside the command, never at CLI import)."""
+"""`medray tune` (Ray is imported inside the command, never at CLI import)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,6 @@ import typer
 
 from medray.choices import OptMode, SearchAlg, SweepMetric
 from medray.console import command_console, fail, terminal
-
-_fail = fail
 
 
 def tune(
@@ -40,21 +38,20 @@ def tune(
     OUTPUT/val_f1_vs_hparams.png and TensorBoard files (tensorboard --logdir OUTPUT).
     Ctrl-C stops the sweep, keeps what finished and exits 130; --resume continues it.
     """
+    from medray.config import ConfigError
     from medray.fsutil import OutputRefused, claim_directory
-    from medray.train.config import ConfigError
     from medray.tune.outputs import SweepFailed
-    from medray.tune.space import SpaceError
-    from medray.tune.sweep import load_plan, plan_sweep
+    from medray.tune.plan import load_plan, plan_sweep
 
     try:
         if resume:
             if overrides or search or num_samples or metric or mode:
-                _fail("--resume continues the sweep as it was started; drop the overrides "
+                fail("--resume continues the sweep as it was started; drop the overrides "
                       "and search options")
             plan = load_plan(output)
         else:
             if config is None or space is None:
-                _fail("--config and --space are required (or --resume with --output)")
+                fail("--config and --space are required (or --resume with --output)")
             plan = plan_sweep(config, space, output, overrides or [],
                               search=search and str(search), num_samples=num_samples,
                               metric=metric and str(metric), mode=mode and str(mode),
@@ -65,13 +62,13 @@ def tune(
                             force=force, command="tune")
         if max_concurrent_trials:
             plan.max_concurrent_trials = max_concurrent_trials
-    except (ConfigError, SpaceError, FileNotFoundError, FileExistsError, OutputRefused) as exc:
-        _fail(str(exc))
+    except (ConfigError, FileNotFoundError, FileExistsError, OutputRefused) as exc:
+        fail(str(exc))
     with command_console("tune", output / "logs", verbose=verbose) as display:
         try:
             summary = _run(plan, display, resume=resume, best_if_partial=best_if_partial)
-        except (ConfigError, SpaceError, FileNotFoundError, FileExistsError) as exc:
-            _fail(str(exc))
+        except (ConfigError, FileNotFoundError, FileExistsError) as exc:
+            fail(str(exc))
         except SweepFailed as exc:
             fail(str(exc), code=1)
     if summary.interrupted:
@@ -82,18 +79,28 @@ def tune(
 
 def _run(plan: Any, display: Any, *, resume: bool, best_if_partial: bool) -> Any:
     """The sweep under the console: a bar of finished trials (new sweeps), then the summary."""
+    from medray.raycluster import connect
+    from medray.tune.plan import local_cpus, trial_count
     from medray.tune.progress import TrialProgress
-    from medray.tune.sweep import run_sweep
+    from medray.tune.sweep import preflight_sweep, run_sweep
 
-    total = plan.num_samples * (plan.space.grid_size() if plan.search == "grid" else 1)
+    preflight_sweep(plan, display.print)  # fails in seconds, before Ray starts
+    # RAY_ADDRESS set (ray job submit, a cluster): join it; otherwise a local cluster with
+    # room for every concurrent trial.
+    connect(min_cpus=local_cpus(plan))
     with display.stage("sweep"), display.progress() as bars:
-        callbacks = [] if resume else [TrialProgress(bars, total, plan.metric, plan.mode)]
-        return run_sweep(plan, resume=resume, log=display.print,
+        callbacks = [] if resume else [TrialProgress(bars, trial_count(plan), plan.metric,
+                                                     plan.mode)]
+        return run_sweep(plan, resume=resume, log=display.print, preflight=False,
                          best_if_partial=best_if_partial, callbacks=callbacks)
 
 
 def main(argv: list[str] | None = None) -> None:
     """`tune/sweep.py` and `jobs/sweep.py`: the `medray tune` command on its own (exits)."""
-    app = typer.Typer(rich_markup_mode=None, add_completion=False, pretty_exceptions_enable=False)
-    app.command()(tune)
-    app(args=argv, prog_name="sweep.py")
+    from medray.cli.standalone import run_alone
+
+    run_alone(tune, "sweep.py", argv)
+
+
+def register(root: typer.Typer) -> None:
+    root.command("tune")(tune)

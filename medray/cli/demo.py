@@ -1,0 +1,41 @@
+"""`medray demo`: the whole pipeline on synthetic data (the code lives in medray.demo)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def demo(
+    output: Path = typer.Option(Path("runs/demo"), help="where the demo writes everything"),
+    seed: int = typer.Option(0, help="seed of the synthetic data, model init and training"),
+    config: Path = typer.Option(None, help="demo recipe (default: configs/demo.yaml)"),
+    address: str = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else local)"),
+    verbose: bool = typer.Option(False, "--verbose",
+                                 help="show Ray/vLLM/DeepSpeed logs here (default: "
+                                      "OUTPUT/logs/)"),
+    overrides: list[str] = typer.Argument(None, help="dotted key=value recipe overrides, "
+                                          "e.g. train.optim.max_steps=100"),
+) -> None:
+    """The whole pipeline on synthetic data: tiny model, Ray Train LoRA, Serve, eval, report."""
+    from medray.config import ConfigError
+    from medray.console import command_console, fail
+    from medray.demo import run_demo
+    from medray.demo_config import DEFAULT_DEMO_CONFIG
+    from medray.fsutil import OutputRefused, claim_directory
+
+    try:  # claimed before the console writes OUTPUT/logs into it
+        claim_directory(output, command="demo")
+    except OutputRefused as err:
+        fail(str(err))
+    with command_console("demo", output / "logs", verbose=verbose) as display:
+        try:
+            run_demo(output, seed=seed, config=config or DEFAULT_DEMO_CONFIG,
+                     overrides=overrides or [], address=address, console=display.console)
+        except (ConfigError, OutputRefused) as err:
+            fail(str(err))
+
+
+def register(root: typer.Typer) -> None:
+    root.command()(demo)

@@ -1,0 +1,123 @@
+"""Structure of the package: no import cycles, small modules (pure AST reads, no imports)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "medray"
+MAX_LINES = 400
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in sorted(PACKAGE.rglob("*.py"))}
+
+
+def _resolve(name: str, known: dict[str, Path]) -> str | None:
+    """The medray module an imported name lives in (`medray.a.b.func` -> `medray.a.b`)."""
+    while name:
+        if name in known:
+            return name
+        name = name.rpartition(".")[0]
+    return None
+
+
+def _imports(module: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """Every medray module `module` imports, at the top or inside a function: a deferred
+    import still ties the two modules together."""
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, *([base] if base else [])])
+            names = [f"{base}.{alias.name}" for alias in node.names] or [base]
+        for name in names:
+            target = _resolve(name, known)
+            # `from medray.x import y` imports medray.x's package __init__ too, but that is
+            # Python's loading order, not a dependency the code chose: count the module.
+            if target and target != module:
+                found.add(target)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    known = _modules()
+    return {name: _imports(name, path, known) for name, path in known.items()}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as [a, b, ..., a], or None (iterative depth-first search)."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        path, stack = [start], [iter(sorted(graph[start]))]
+        state[start] = 1
+        while stack:
+            nxt = next(stack[-1], None)
+            if nxt is None:
+                state[path.pop()] = 2
+                stack.pop()
+            elif state.get(nxt) == 1:
+                return [*path[path.index(nxt):], nxt]
+            elif not state.get(nxt):
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append(iter(sorted(graph.get(nxt, ()))))
+    return None
+
+
+def test_cycle_finder_finds_a_cycle_and_accepts_a_tree():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_graph_sees_deferred_imports():
+    graph = import_graph()
+    assert "medray.fsutil" in graph["medray.train.trainer"]  # imported inside a function
+
+
+def test_no_import_cycle_in_medray():
+    cycle = find_cycle(import_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+def test_every_module_is_small():
+    lines = {p: len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
+    big = sorted(f"{p.relative_to(ROOT)}: {n} lines" for p, n in lines.items() if n > MAX_LINES)
+    assert not big, f"modules over {MAX_LINES} lines (split them):\n" + "\n".join(big)
+
+
+# Entry points that may join Ray: the command line, the Ray helper itself, and the demo
+# (a program of its own: its Ray has a dashboard and hosts its Serve apps).
+RAY_ENTRY_POINTS = ("medray.cli", "medray.raycluster", "medray.demo")
+
+
+def test_ray_is_joined_only_at_entry_points():
+    """Library code runs on the Ray its entry point joined (raycluster.require_connected),
+    so the entry point's resource floor applies; it never calls ray.init or connect."""
+    offenders = []
+    for name, path in _modules().items():
+        if name.startswith(RAY_ENTRY_POINTS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.module == "medray.raycluster" and any(
+                    alias.name == "connect" for alias in node.names):
+                offenders.append(f"{name}:{node.lineno} imports connect")
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and node.func.attr == "init" and isinstance(node.func.value, ast.Name)
+                    and node.func.value.id == "ray"):
+                offenders.append(f"{name}:{node.lineno} calls ray.init")
+    assert not offenders, "Ray joined outside an entry point:\n" + "\n".join(offenders)
