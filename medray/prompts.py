@@ -336,10 +336,3 @@ def robiology_item_prompt(example: Mapping[str, Any],
                           shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
     """A prepared RoBiology item (Appendix B prompt of its kind)."""
     return robiology_prompt(example["question"], list(example["options"]), example["kind"], shots)
-
-
-def mcq_prompt(example: Mapping[str, Any], shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
-    """The prompt of a multiple-choice item, by its dataset's DatasetSpec."""
-    from medray.datasets import dataset_spec
-
-    return dataset_spec(str(example["dataset"])).prompt_fn()(example, shots)
