@@ -14,8 +14,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from medray.prompts import REFERENCE_MAX_NEW_TOKENS
-
 
 @dataclass(frozen=True)
 class DatasetSpec:
@@ -27,15 +25,16 @@ class DatasetSpec:
     loader: str  # "module:function" (input_path, **options) -> (examples, contexts, manifest)
     synthetic: str  # "module:function" (out_dir, seed=, scale=) -> raw files like the release
     prompt: str  # "module:function" rendering one item (mcq) or (question, context) (generative)
-    # Minimal generation budget per question kind ("" = every kind; default the reference
-    # generation budget): the protocols leave no room for explanations.
+    # Minimal generation budget per question kind ("" = every kind; none: the PromptSpec's):
+    # the protocols leave no room for explanations.
     max_new_tokens: Mapping[str, int] = field(default_factory=dict)
     shots: tuple[int, ...] = (0,)  # in-context example counts the protocol allows
     # Replies start with the item's question id ("IT0001: A"); another id is non-conforming.
     id_prefix: bool = False
 
-    def budget(self, kind: str = "") -> int:
-        return self.max_new_tokens.get(kind, self.max_new_tokens.get("", REFERENCE_MAX_NEW_TOKENS))
+    def budget(self, kind: str = "") -> int | None:
+        """None: no protocol budget (the PromptSpec's max_new_tokens applies)."""
+        return self.max_new_tokens.get(kind, self.max_new_tokens.get(""))
 
     def load(self, input_path: Any, **options: Any) -> tuple[Any, Any, dict]:
         return _resolve(self.loader)(input_path, **options)

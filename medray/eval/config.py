@@ -88,9 +88,11 @@ def engine_config(engine: str, data: str | Path, *, base_url: str | None = None,
     EngineSpecError or ValueError (naming the option) on a bad combination."""
     extra = {"base_url": base_url, "concurrency": concurrency,
              "requests_per_minute": requests_per_minute, "max_retries": max_retries,
-             "timeout_s": timeout, "params": params or {}}
+             "params": params or {}}
     spec = parse_spec(engine, api_key_env=api_key_env,
                       **{k: v for k, v in extra.items() if v is not None})
+    if spec.external:  # the SDK request timeout; Serve and local engines keep theirs
+        spec = spec.model_copy(update={"timeout_s": timeout})
     by = ["question_type"]
     if (Path(data) / "manifest.json").is_file():
         import json

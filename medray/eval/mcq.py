@@ -26,15 +26,10 @@ import pandas as pd
 
 from medray.datasets import dataset_spec
 from medray.eval.metrics.mcq import extract_answer, extract_statements, statements_to_group
-from medray.prompts import ChatPrompt, PromptSpec
+from medray.prompts import REFERENCE_MAX_NEW_TOKENS, ChatPrompt, PromptSpec
 
 _ID_PREFIX = re.compile(r"^\s*(?:question\s*id\s*[:=]?\s*)?\**([A-Z]{2}\d{1,6})\**\s*[:\-–]\s*",
                         re.IGNORECASE)
-
-
-def mcq_prompt(example: Mapping[str, Any], shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
-    """The prompt of a multiple-choice item, by its dataset's DatasetSpec."""
-    return dataset_spec(str(example["dataset"])).prompt_fn()(example, shots)
 
 
 def meta_dict(meta: Any) -> dict:
@@ -81,6 +76,11 @@ def _as_statement_shot(shot: dict) -> dict:
             "answer": [str(n) for n in sorted(GROUP_CODES[shot["answer"][0]])]}
 
 
+def mcq_prompt(ex: Mapping[str, Any], shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
+    """The prompt of a multiple-choice item: its dataset's (`DatasetSpec.prompt`)."""
+    return dataset_spec(str(ex["dataset"])).prompt_fn()(ex, shots)
+
+
 def render(ex: Mapping[str, Any], shots: Mapping[str, Sequence[dict]] | None = None,
            group_as_multiple: bool = False) -> ChatPrompt:
     """The item's system/user prompt (shots: per kind, from `shot_sets`)."""
@@ -101,7 +101,7 @@ def prompt_text(prompt: ChatPrompt, tokenizer: Any = None, spec: PromptSpec | No
 def max_new_tokens(ex: Mapping[str, Any], group_as_multiple: bool = False) -> int:
     """The protocol's minimal output budget for the item's dataset and asked kind."""
     kind = "group_as_multiple" if ex["kind"] == "group" and group_as_multiple else ex["kind"]
-    return dataset_spec(str(ex["dataset"])).budget(str(kind))
+    return dataset_spec(str(ex["dataset"])).budget(str(kind)) or REFERENCE_MAX_NEW_TOKENS
 
 
 def question_id(ex: Mapping[str, Any]) -> str:

@@ -16,13 +16,13 @@ from collections.abc import Callable
 import numpy as np
 import pandas as pd
 
+from medray.eval.runio import prediction_row
+
 BUDGETS = (1024, 2048, 4096)
 
 
 def _row(pid: str, prediction: str, model: str, **extra) -> dict:
-    return {"id": pid, "prediction": prediction, "logprob": None, "n_tokens": None,
-            "engine": "baseline", "model": model, "adapter": None, "prompt_format": None,
-            "context_tokens": None, "raw_output": prediction, "conforming": True, **extra}
+    return prediction_row(pid, prediction, engine="baseline", model=model, **extra)
 
 
 def majority_answer(train: pd.DataFrame) -> str:

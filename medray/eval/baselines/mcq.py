@@ -13,12 +13,11 @@ import numpy as np
 import pandas as pd
 
 from medray.data.schema import GROUP_CODES
+from medray.eval.runio import prediction_row
 
 
 def _row(pid: str, prediction: str, model: str, **extra) -> dict:
-    return {"id": pid, "prediction": prediction, "logprob": None, "n_tokens": None,
-            "engine": "baseline", "model": model, "adapter": None, "prompt_format": None,
-            "context_tokens": None, "raw_output": prediction, "conforming": True, **extra}
+    return prediction_row(pid, prediction, engine="baseline", model=model, **extra)
 
 
 def _labels(options) -> list[str]:
