@@ -64,3 +64,44 @@ def require_connected(what: str) -> None:
     if not ray.is_initialized():
         raise RuntimeError(f"{what} needs Ray: the entry point calls "
                            "medray.raycluster.connect() first")
+
+
+class StorageNotShared(RuntimeError):
+    """A local path that some node of a multi-node cluster does not see."""
+
+
+def check_shared_storage(path: str | os.PathLike, what: str) -> None:
+    """On a cluster of several nodes, `path` must be storage every node sees (NFS) or a
+    filesystem URI: a marker written here is looked for by a task on every alive node.
+    One node: nothing to check."""
+    import uuid
+    from pathlib import Path
+
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if "://" in str(path):
+        return  # pyarrow resolves URIs the same way on every node
+    nodes = [n for n in ray.nodes() if n["Alive"]]
+    if len(nodes) < 2:
+        return
+    folder = Path(path).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    marker = folder / f".medray-shared-check-{uuid.uuid4().hex}"
+    marker.write_text("medray")
+
+    @ray.remote(num_cpus=0)
+    def sees(p: str) -> bool:
+        return os.path.exists(p)
+
+    try:
+        refs = {n["NodeManagerAddress"]: sees.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        ).remote(str(marker)) for n in nodes}
+        blind = [ip for ip, ref in refs.items() if not ray.get(ref, timeout=120)]
+    finally:
+        marker.unlink(missing_ok=True)
+    if blind:
+        raise StorageNotShared(
+            f"{what} {folder} is not shared storage: node(s) {', '.join(sorted(blind))} do "
+            "not see it. Use a folder every node mounts (NFS) or a URI (s3://, gs://)")

@@ -62,7 +62,7 @@ def train(
     except ConfigError as exc:
         fail(str(exc))
     from medray.fsutil import OutputRefused, check_output
-    from medray.raycluster import connect
+    from medray.raycluster import StorageNotShared, connect
     from medray.train.trainer import preflight, run_training
 
     try:  # the run directory is created (with medray's marker) once the preflight passed
@@ -77,7 +77,8 @@ def train(
                 preflight(cfg)  # every cheap check fails here, before Ray starts
                 connect(min_cpus=cfg.scaling.local_cpus())
                 metrics = run_training(cfg, output, log=display.print, display=display)
-        except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError) as exc:
+        except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError,
+                StorageNotShared) as exc:
             fail(str(exc))
     out = terminal()
     initial = (metrics.get("initial") or {}).get("val_loss")

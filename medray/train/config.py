@@ -92,6 +92,9 @@ class ScalingConfig(_Strict):
     num_workers: int = Field(2, ge=1)
     use_gpu: bool = False
     cpus_per_worker: float = Field(1, gt=0)
+    # How Ray places the workers: PACK fills a node first (NVLink between the GPUs of one
+    # node); SPREAD / STRICT_SPREAD put them on different nodes.
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = "PACK"
 
     def local_cpus(self) -> float:
         """Logical CPUs a local Ray needs for the run: the Train workers plus room for the
@@ -101,6 +104,9 @@ class ScalingConfig(_Strict):
 
 class CheckpointConfig(_Strict):
     every_steps: int | None = Field(None, ge=1)  # optimiser steps; also at each epoch end
+    # Where Ray Train keeps checkpoints: a folder every node sees (NFS) or a pyarrow
+    # filesystem URI (s3://, gs://). None: OUTPUT/ray (a single node, or OUTPUT on NFS).
+    storage_path: str | None = None
     num_to_keep: int = Field(2, ge=1)
     metric: str = "val_loss"
     mode: Literal["min", "max"] = "min"

@@ -221,6 +221,20 @@ class WorkerRun:
                         self.rank, self.world, self.writer)
 
 
+def worker_nodes(world: int) -> list[dict[str, str]]:
+    """Where every rank of this (re)start runs, gathered over the process group."""
+    import ray
+    import torch.distributed as dist
+
+    mine = {"node_ip": ray.util.get_node_ip_address(),
+            "node_id": ray.get_runtime_context().get_node_id()}
+    if world == 1 or not dist.is_initialized():
+        return [mine]
+    every: list[Any] = [None] * world
+    dist.all_gather_object(every, mine)
+    return every
+
+
 def setup_worker(config: dict) -> WorkerRun:
     """Seed, threads, model + LoRA + DeepSpeed engine; resume from Ray Train's checkpoint."""
     import ray.train
@@ -244,6 +258,7 @@ def setup_worker(config: dict) -> WorkerRun:
             engine.load_checkpoint(d, tag="ds", load_module_strict=False)
             state = load_state(d)
         state["resumed_from"] = engine.global_steps
+    state.setdefault("workers", []).append(worker_nodes(world))
     writer = _tensorboard(plan.tensorboard_dir, rank)
     bar = _progress(plan.total_steps, engine.global_steps, rank, plan.progress_board)
     _log(rank, f"worker ready on {device}: {time.perf_counter() - t_start:.1f}s "

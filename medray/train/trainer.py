@@ -143,6 +143,14 @@ def _val_generate_items(cfg: TrainConfig, ids: list[str], contexts: dict) -> lis
     ]
 
 
+def checkpoint_storage(cfg: TrainConfig, output: Path) -> str:
+    """checkpoint.storage_path (a shared folder or a URI), else OUTPUT/ray."""
+    where = cfg.checkpoint.storage_path
+    if where and "://" in where:
+        return where
+    return str(Path(where).resolve() if where else (output / "ray").resolve())
+
+
 def build_trainer(cfg: TrainConfig, output: Path, plan: RunPlan, contexts_ref: Any,
                   datasets: dict[str, Any], callbacks: Sequence[Any] = ()) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
@@ -158,10 +166,11 @@ def build_trainer(cfg: TrainConfig, output: Path, plan: RunPlan, contexts_ref: A
         scaling_config=ScalingConfig(
             num_workers=cfg.scaling.num_workers, use_gpu=cfg.scaling.use_gpu,
             resources_per_worker={"CPU": cfg.scaling.cpus_per_worker,
-                                  **({"GPU": 1} if cfg.scaling.use_gpu else {})}),
+                                  **({"GPU": 1} if cfg.scaling.use_gpu else {})},
+            placement_strategy=cfg.scaling.placement_strategy),
         run_config=RunConfig(
             name=cfg.name,
-            storage_path=str((output / "ray").resolve()),
+            storage_path=checkpoint_storage(cfg, output),
             failure_config=FailureConfig(max_failures=cfg.fault.max_failures),
             checkpoint_config=CheckpointConfig(
                 num_to_keep=cfg.checkpoint.num_to_keep,
@@ -206,7 +215,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     medray.console.Display to draw the training progress bar on."""
     import ray
 
-    from medray.raycluster import require_connected
+    from medray.raycluster import check_shared_storage, require_connected
     from medray.tokenization import context_table, tokenize_contexts
     from medray.train.checkpoints import export_adapter, load_state
     from medray.train.progress import TrainingBoard
@@ -217,6 +226,8 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
 
     claim_directory(output, force=True, command="train")  # refusals: the CLI, before
     require_connected("training")  # joined by the entry point, with scaling.local_cpus()
+    # Workers on other nodes write checkpoints there and the driver exports from there.
+    check_shared_storage(checkpoint_storage(cfg, output), "checkpoint storage")
     log(f"preflight ok: {checked.n_train} train / {checked.n_val} val examples, "
         f"LoRA targets {checked.lora_targets}")
 
@@ -264,6 +275,8 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
         "initial": state.get("initial"),
         "epochs": state["history"],
         "resumed_from_step": state.get("resumed_from"),
+        # Where each rank ran, per (re)start of the workers: node IP and Ray node id.
+        "workers": state.get("workers", []),
         "how": MEDQARO_METRIC_NOTE + "; tokens_per_s: non-padding tokens of all workers / "
                "epoch wall time (forward+backward+step, excludes validation)",
         "plan": plan.summary(),

@@ -1,0 +1,250 @@
+"""A real two-node Ray cluster on this machine (scripts/cluster_up.sh): two network
+namespaces joined by a veth pair, each node with its own IP, Ray temp dir and local disk,
+one shared folder. Needs root (ip netns); skipped with the reason otherwise."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ROOT / "scripts"
+HEAD_IP, WORKER_IP = "10.77.0.1", "10.77.0.2"
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "the two-node cluster needs root (ip netns, mount)"
+    if not shutil.which("ip") or not shutil.which("unshare"):
+        return "the two-node cluster needs iproute2 and util-linux (ip, unshare)"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+
+
+def _run(*argv: str | os.PathLike, env: dict | None = None, timeout: float = 300,
+         check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run([str(a) for a in argv], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})}, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{argv} exited {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[dict[str, str]]:
+    # Short: Ray's socket paths under the state folder must fit in 107 bytes.
+    state = Path(tempfile.mkdtemp(prefix="mrc-", dir="/tmp"))
+    env = {"MEDRAY_CLUSTER_DIR": str(state / "c"), "RAY": str(Path(sys.executable).parent / "ray")}
+    _run(SCRIPTS / "cluster_up.sh", env=env, timeout=180)
+    try:
+        settings = dict(line.split("=", 1) for line in
+                        (state / "c" / "cluster.env").read_text().splitlines())
+        yield {**env, **settings}
+    finally:
+        _run(SCRIPTS / "cluster_down.sh", env=env, timeout=120, check=False)
+        assert not (state / "c").exists(), "cluster_down.sh left its state folder behind"
+        state.rmdir()
+        namespaces = _run("ip", "netns", "list").stdout
+        assert "medray-head" not in namespaces and "medray-worker" not in namespaces
+
+
+def _on_cluster(cluster: dict[str, str], code: str, timeout: float = 180) -> dict:
+    """Run a Python driver on the head's side of the veth; it prints one JSON line."""
+    proc = _run(SCRIPTS / "cluster_exec.sh", sys.executable, "-c", textwrap.dedent(code),
+                env=cluster, timeout=timeout)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+PROBE = """
+    import json, os, socket
+    import ray
+    ray.init(log_to_driver=False)
+
+    @ray.remote(num_cpus=0)
+    def probe(shared):
+        local = "/var/lib/medray-node"
+        mine = os.path.join(local, "who")
+        seen = sorted(os.listdir(local))
+        with open(mine, "w") as f:
+            f.write(ray.util.get_node_ip_address())
+        with open(os.path.join(shared, ray.util.get_node_ip_address()), "w") as f:
+            f.write("here")
+        return {"ip": ray.util.get_node_ip_address(), "local_before": seen,
+                "temp": ray.get_runtime_context().get_node_id()}
+
+    shared = os.environ["MEDRAY_SHARED"]
+    out = [ray.get(probe.options(resources={f"medray-{n}": 0.01}).remote(shared))
+           for n in ("head", "worker")]
+    nodes = [{"ip": n["NodeManagerAddress"], "alive": n["Alive"]} for n in ray.nodes()]
+    print(json.dumps({"probes": out, "nodes": nodes, "shared": sorted(os.listdir(shared))}))
+"""
+
+
+def test_two_hosts_with_their_own_address_disk_and_one_shared_folder(cluster) -> None:
+    seen = _on_cluster(cluster, PROBE)
+    assert sorted(n["ip"] for n in seen["nodes"] if n["alive"]) == [HEAD_IP, WORKER_IP]
+    head, worker = seen["probes"]
+    assert (head["ip"], worker["ip"]) == (HEAD_IP, WORKER_IP)
+    assert head["temp"] != worker["temp"]
+    # Each node's local disk is its own: neither sees the file the other wrote.
+    assert head["local_before"] == [] and worker["local_before"] == []
+    state = Path(cluster["MEDRAY_CLUSTER_DIR"])
+    assert (state / "head" / "local" / "who").read_text() == HEAD_IP
+    assert (state / "worker" / "local" / "who").read_text() == WORKER_IP
+    # The shared folder is one folder for both.
+    assert seen["shared"] == sorted([HEAD_IP, WORKER_IP])
+    # Ray's traffic stays on the veth: the namespaces have no other interface.
+    for ns in ("medray-head", "medray-worker"):
+        links = _run("ip", "-n", ns, "-o", "link").stdout
+        names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines())
+        assert names == sorted(["lo", "medray-h0" if ns == "medray-head" else "medray-w0"])
+
+
+SPREAD_JOB = """
+import json
+import ray
+from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+ray.init()
+pg = placement_group([{"CPU": 1}, {"CPU": 1}], strategy="STRICT_SPREAD")
+ray.get(pg.ready(), timeout=60)
+
+@ray.remote(num_cpus=1)
+def where():
+    return ray.util.get_node_ip_address()
+
+ips = ray.get([where.options(scheduling_strategy=PlacementGroupSchedulingStrategy(
+    pg, placement_group_bundle_index=i)).remote() for i in range(2)])
+print("NODES " + json.dumps(sorted(ips)))
+"""
+
+
+def test_ray_job_submit_spreads_over_both_nodes(cluster, tmp_path: Path) -> None:
+    (tmp_path / "spread.py").write_text(SPREAD_JOB)
+    proc = _run(SCRIPTS / "cluster_exec.sh", Path(sys.executable).parent / "ray", "job",
+                "submit", "--address", cluster["MEDRAY_DASHBOARD"],
+                "--working-dir", tmp_path, "--", "python", "spread.py",
+                env=cluster, timeout=240)
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("NODES "))
+    assert json.loads(line[len("NODES "):]) == sorted([HEAD_IP, WORKER_IP])
+    assert "succeeded" in proc.stdout.lower()
+
+
+NODE_IDS = """
+    import json, time
+    import ray
+    ray.init(log_to_driver=False)
+    want_gone = {gone!r}
+    deadline = time.time() + 90
+    while time.time() < deadline:
+        nodes = {{n["NodeID"]: (n["NodeManagerAddress"], n["Alive"]) for n in ray.nodes()}}
+        alive = {{i: ip for i, (ip, up) in nodes.items() if up}}
+        if len(alive) == 2 and not (want_gone and want_gone in alive):
+            break
+        time.sleep(1)
+    print(json.dumps({{"alive": alive, "dead": [i for i, (_, up) in nodes.items() if not up]}}))
+"""
+
+
+def test_a_killed_worker_node_is_declared_dead_and_a_fresh_one_rejoins(cluster) -> None:
+    before = _on_cluster(cluster, NODE_IDS.format(gone=None))["alive"]
+    worker_id = next(i for i, ip in before.items() if ip == WORKER_IP)
+    _run(SCRIPTS / "cluster_kill_node.sh", "worker", env=cluster)
+    assert _run("ip", "netns", "pids", "medray-worker").stdout.strip() == ""
+    _run(SCRIPTS / "cluster_up.sh", "--rejoin-worker", env=cluster, timeout=120)
+    after = _on_cluster(cluster, NODE_IDS.format(gone=worker_id))
+    assert worker_id in after["dead"]
+    assert sorted(after["alive"].values()) == [HEAD_IP, WORKER_IP]
+    assert worker_id not in after["alive"]
+
+
+# ---------------------------------------------------------------- training on two nodes
+
+RAY = Path(sys.executable).parent / "ray"
+RUNTIME_ENV = json.dumps({"working_dir": ".", "excludes": [
+    ".venv", ".git", "runs", "*.egg-info", "tests", "docs", "bench"]})
+
+
+def _ray_job(cluster: dict[str, str], *args: str, timeout: float = 120,
+             check: bool = True) -> subprocess.CompletedProcess:
+    return _run(SCRIPTS / "cluster_exec.sh", RAY, "job", *args[:1], "--address",
+                cluster["MEDRAY_DASHBOARD"], *args[1:], env=cluster, timeout=timeout,
+                check=check)
+
+
+def _train_argv(model: Path, data: Path, output: str, *extra: str) -> list[str]:
+    return ["python", "-m", "medray", "train", "--config", "configs/tiny-cpu.yaml",
+            "--output", output, f"model.name_or_path={model}", f"data.path={data}",
+            "data.max_val_examples=16", "data.val_generate_examples=4",
+            "prompt.context_tokens=128", "data.tokenize_actors=1",
+            "scaling.placement_strategy=STRICT_SPREAD", *extra]
+
+
+def _wait_job(cluster: dict[str, str], job_id: str, timeout: float = 420) -> str:
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        out = _ray_job(cluster, "status", job_id, check=False).stdout
+        for state in ("SUCCEEDED", "FAILED", "STOPPED"):
+            if f"'{job_id}' {state.lower()}" in out.lower() or f"status: {state}" in out:
+                return state
+        time.sleep(3)
+    raise AssertionError(f"job {job_id} still running after {timeout}s")
+
+
+def test_training_refuses_checkpoints_on_one_nodes_local_disk(cluster, tiny_model,
+                                                              medqaro_prepared) -> None:
+    local = "/var/lib/medray-node/run"  # the head's own disk: the worker cannot see it
+    proc = _ray_job(cluster, "submit", "--runtime-env-json", RUNTIME_ENV, "--",
+                    *_train_argv(tiny_model, medqaro_prepared, local,
+                                 "data.max_train_examples=32", "optim.epochs=1"),
+                    timeout=300, check=False)
+    assert proc.returncode != 0
+    assert "is not shared storage" in proc.stdout and WORKER_IP in proc.stdout
+    assert "Traceback" not in proc.stdout
+
+
+def test_training_spreads_over_both_nodes_and_survives_losing_one(cluster, tiny_model,
+                                                                  medqaro_prepared) -> None:
+    import time
+
+    run = Path(cluster["MEDRAY_SHARED"]) / "run"
+    submitted = _ray_job(cluster, "submit", "--no-wait", "--runtime-env-json", RUNTIME_ENV,
+                         "--", *_train_argv(tiny_model, medqaro_prepared, str(run),
+                                            "data.max_train_examples=128", "optim.epochs=8",
+                                            "checkpoint.every_steps=2", "fault.max_failures=2"))
+    job_id = next(w for w in submitted.stdout.split() if w.startswith("raysubmit_"))
+    job_id = job_id.strip("'\".,")
+    # Lose the worker node once the first checkpoint is on the shared storage.
+    deadline = time.time() + 300
+    while not list((run / "ray").glob("*/checkpoint_*")):
+        assert time.time() < deadline, _ray_job(cluster, "logs", job_id, check=False).stdout
+        time.sleep(1)
+    _run(SCRIPTS / "cluster_kill_node.sh", "worker", env=cluster)
+    time.sleep(8)  # declared dead (5 missed 1 s health checks), the workers fail over
+    _run(SCRIPTS / "cluster_up.sh", "--rejoin-worker", env=cluster, timeout=120)
+    state = _wait_job(cluster, job_id)
+    logs = _ray_job(cluster, "logs", job_id, check=False).stdout
+    assert state == "SUCCEEDED", logs[-3000:]
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["resumed_from_step"], "the restarted workers did not resume a checkpoint"
+    starts = metrics["workers"]
+    assert len(starts) >= 2, starts  # the first start, and the restart after the loss
+    for ranks in starts:
+        assert sorted(r["node_ip"] for r in ranks) == [HEAD_IP, WORKER_IP]
+    assert starts[0][1]["node_id"] != starts[-1][1]["node_id"] or \
+        starts[0][0]["node_id"] != starts[-1][0]["node_id"], "the lost node came back as new"
+    assert (run / "adapter" / "adapter_config.json").is_file()
