@@ -51,7 +51,7 @@ def main() -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override the recipe, e.g. train.optim.lr=5e-3 pretrain.steps=200")
     args = ap.parse_args()
-    from medray.demo_config import load_demo_config
+    from medray.demo import load_demo_config
 
     need = load_demo_config(args.config, args.set).eval.min_margin
     rows = []

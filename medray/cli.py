@@ -32,8 +32,7 @@ def demo(
 ) -> None:
     """The whole pipeline on synthetic data: tiny model, Ray Train LoRA, Serve, eval, report."""
     from medray.console import command_console, fail
-    from medray.demo import run_demo
-    from medray.demo_config import DEFAULT_DEMO_CONFIG
+    from medray.demo import DEFAULT_DEMO_CONFIG, run_demo
     from medray.fsutil import OutputRefused, claim_directory
     from medray.train.config import ConfigError
 

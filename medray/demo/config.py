@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from medray.train.config import ConfigError, TrainConfig, apply_overrides, format_errors
 
-DEFAULT_DEMO_CONFIG = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+DEFAULT_DEMO_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
 
 
 class _Strict(BaseModel):

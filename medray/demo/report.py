@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from medray.demo_config import DemoConfig
+from medray.demo.config import DemoConfig
 from medray.eval.report import load_run, to_markdown, write_report
 from medray.fsutil import atomic_file, write_json_atomic, write_text_atomic
 
