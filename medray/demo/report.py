@@ -1,5 +1,10 @@
-"""The demo's report: DIR/report.md (three systems x in/cross domain, with CIs), DIR/metrics.json,
-a bar plot with CI whiskers, plus the general `medray report` tables and plots in DIR/report/.
+"""The demo's report: DIR/report.md and DIR/report.html (the same text, plots inline),
+DIR/metrics.json, the plots as PNG files, and the general `medray report` tables in
+DIR/report/.
+
+Shown: the three systems in and across domain with CIs, F1 by question type per system,
+the training curve, a dozen example questions with every system's answer, and where the
+time and memory went.
 """
 
 from __future__ import annotations
@@ -7,7 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from medray.demo import figures, findings
 from medray.demo.config import DemoConfig
+from medray.demo.html import to_html
 from medray.eval.report import load_run, to_markdown, write_report
 from medray.fsutil import atomic_file, write_json_atomic, write_text_atomic
 
@@ -22,6 +29,8 @@ HOW = ("F1 and EM in 'medqaro' metric mode (reference formulas: lowercase, ASCII
        "method4) and METEOR as in the reference; 95% CI: percentile bootstrap resampling "
        "patients ({resamples} resamples, seed 0); greedy decoding, {max_new} new tokens; "
        "prompt format {fmt} (question, epicrisis trimmed to {ctx} tokens, answer).")
+PLOTS = {"systems": "f1_by_system.png", "types": "f1_by_question_type.png",
+         "training": "training_curve.png"}
 
 
 def _metric(summary: dict, name: str, mode: str = "medqaro") -> dict[str, Any]:
@@ -30,9 +39,9 @@ def _metric(summary: dict, name: str, mode: str = "medqaro") -> dict[str, Any]:
 
 
 def _fmt(m: dict[str, Any]) -> str:
-    if m["mean"] is None:
+    if m.get("mean") is None:
         return "–"
-    lo, hi = m["ci95"] or (None, None)
+    lo, hi = m.get("ci95") or (None, None)
     return f"{m['mean']:.3f} [{lo:.3f}, {hi:.3f}]" if lo is not None else f"{m['mean']:.3f}"
 
 
@@ -53,32 +62,10 @@ def collect_rows(runs: dict[str, dict[str, Path]]) -> list[dict[str, Any]]:
     return rows
 
 
-def plot_systems(rows: list[dict[str, Any]], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    splits = list(dict.fromkeys(r["split"] for r in rows))
-    systems = list(dict.fromkeys(r["system"] for r in rows))
-    fig, ax = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(systems)
-    for i, system in enumerate(systems):
-        got = {r["split"]: r["f1"] for r in rows if r["system"] == system}
-        means = [got[s]["mean"] or 0.0 for s in splits]
-        err = [[m - (got[s]["ci95"] or [m, m])[0] for s, m in zip(splits, means, strict=True)],
-               [(got[s]["ci95"] or [m, m])[1] - m for s, m in zip(splits, means, strict=True)]]
-        xs = [j + (i - (len(systems) - 1) / 2) * width for j in range(len(splits))]
-        ax.bar(xs, means, width, yerr=err, capsize=3, label=LABELS[system])
-    ax.set_xticks(range(len(splits)), [DOMAINS.get(s, s) for s in splits])
-    ax.set_ylabel("F1 (medqaro mode), 95% CI")
-    ax.set_title("medray demo: synthetic MedQARo-like data, tiny model")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png")
-    plt.close(fig)
-    return path
+def _gap(by: dict, split: str) -> float | None:
+    if ("fine_tuned", split) in by and ("majority", split) in by:
+        return by["fine_tuned", split]["f1"]["mean"] - by["majority", split]["f1"]["mean"]
+    return None
 
 
 def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, Path]], *,
@@ -87,19 +74,30 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
     rows = collect_rows(runs)
     by = {(r["system"], r["split"]): r for r in rows}
     t = cfg.train
-    margin = None
-    if ("fine_tuned", "test") in by and ("majority", "test") in by:
-        margin = by["fine_tuned", "test"]["f1"]["mean"] - by["majority", "test"]["f1"]["mean"]
+    margin, cross = _gap(by, "test"), _gap(by, "test_cross")
     how = HOW.format(resamples=cfg.eval.resamples, max_new=t.data.max_new_tokens,
                      fmt=t.data.prompt_format, ctx=t.data.context_tokens)
     extra = write_report([p for by_split in runs.values() for p in by_split.values()],
                          output / "report")
-    plot = plot_systems(rows, output / "f1_by_system.png")
+    by_type = findings.f1_by_type(runs)
+    curve = findings.training_curve(output / "train", trained)
+    chosen = findings.examples(output, runs)
+    images = {PLOTS["systems"]: figures.systems_figure(rows, DOMAINS),
+              PLOTS["types"]: figures.types_figure(by_type, list(findings.QUESTION_TYPES)),
+              PLOTS["training"]: figures.training_figure(curve)}
+    for name, png in images.items():
+        with atomic_file(output / name) as tmp:
+            Path(tmp).write_bytes(png)
     last = (trained.get("epochs") or [{}])[-1]
     metrics = {
         "how": how, "seed": seed, "rows": rows,
         "margin_in_domain_f1": {"value": margin, "required": cfg.eval.min_margin,
                                 "met": margin is not None and margin >= cfg.eval.min_margin},
+        "cross_domain_f1_gap": {"value": cross, "fine_tuned_above_majority":
+                                cross is not None and cross > 0},
+        "by_question_type": by_type,
+        "training_curve": {k: v for k, v in curve.items() if k != "train_loss"},
+        "examples": chosen,
         "data": {"synthetic": True, **cfg.synth.model_dump(mode="json")},
         "model": {"tiny": cfg.tiny_model.model_dump(), "pretrain": pretrain,
                   "lora": t.lora.model_dump(mode="json"), "adapter": trained.get("adapter")},
@@ -107,13 +105,20 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
                      "workers": t.scaling.num_workers, "deepspeed_stage": t.deepspeed.stage},
         "timings_s": timings,
         "memory": memory,
-        "files": {"plot": str(plot), "tables": [str(p) for p in extra]},
+        "files": {"plots": [str(output / n) for n in images], "report_html":
+                  str(output / "report.html"), "tables": [str(p) for p in extra]},
     }
     write_json_atomic(output / "metrics.json", metrics)
-    lines = _markdown(cfg, rows, margin, how, pretrain, last, timings, seed, memory)
-    write_text_atomic(output / "report.md", "\n".join(lines) + "\n")
-    table = [ln for ln in lines if ln.startswith("|")]
-    return {**metrics, "lines": [*table, _margin_line(margin, cfg.eval.min_margin)]}
+    results = _results(cfg, rows, margin, cross, how)
+    lines = [*results, *_by_type_section(by_type), *_training_section(curve, trained),
+             *_examples_section(chosen), *_what_ran(cfg, pretrain, last),
+             *_costs(timings, memory)]
+    text = "\n".join(lines) + "\n"
+    write_text_atomic(output / "report.md", text)
+    write_text_atomic(output / "report.html", to_html(text, images, "medray demo report"))
+    table = [ln for ln in results if ln.startswith("|")]
+    return {**metrics, "lines": [*table, _cross_line(cross),
+                                 _margin_line(margin, cfg.eval.min_margin)]}
 
 
 def _margin_line(margin: float | None, need: float) -> str:
@@ -124,35 +129,100 @@ def _margin_line(margin: float | None, need: float) -> str:
             f"(required >= {need:.2f}: {verdict})")
 
 
-def _markdown(cfg: DemoConfig, rows: list[dict], margin: float | None, how: str,
-              pretrain: dict, last: dict, timings: dict[str, float], seed: int,
-              memory: dict[str, Any] | None) -> list[str]:
+def _cross_line(gap: float | None) -> str:
+    if gap is None:
+        return "cross-domain: not evaluated"
+    return (f"cross-domain F1, fine-tuned minus majority: {gap:+.3f} "
+            f"({'above' if gap > 0 else 'NOT above'} the majority baseline)")
+
+
+def _results(cfg: DemoConfig, rows: list[dict], margin: float | None, cross: float | None,
+             how: str) -> list[str]:
     import pandas as pd
 
-    t, tm, n = cfg.train, cfg.tiny_model, cfg.synth.n_patients
+    n = cfg.synth.n_patients
     table = pd.DataFrame([{"system": r["label"], "domain": r["domain"], "n (patients)":
                            f"{r['n']} ({r['n_patients']})",
                            **{k.upper(): _fmt(r[k]) for k in METRICS}} for r in rows])
     return [
-        "# medray demo report",
-        "",
-        f"Synthetic MedQARo-like data (seed {seed}; patients per split {n}; epicrises "
+        "# medray demo report", "",
+        f"Synthetic MedQARo-like data (patients per split {n}; epicrises "
         f"{cfg.synth.words[0]}-{cfg.synth.words[1]} words). **Synthetic: these numbers say "
-        "the pipeline learns, not anything clinical.**",
-        "",
-        "## Results",
-        "",
+        "the pipeline learns, not anything clinical.**", "",
+        "## Results", "",
         to_markdown(table),
-        _margin_line(margin, cfg.eval.min_margin),
+        f"- {_margin_line(margin, cfg.eval.min_margin)}",
+        f"- {_cross_line(cross)}", "",
+        f"How computed: {how}", "",
+        f"![F1 per system]({PLOTS['systems']})", "",
+        "Full tables (Markdown, CSV, LaTeX) and the general plots: `report/`.", "",
+    ]
+
+
+def _by_type_section(by_type: dict[str, dict]) -> list[str]:
+    import pandas as pd
+
+    types = list(findings.QUESTION_TYPES)
+    table = pd.DataFrame([{"system": LABELS[s], **{
+        f"{t} F1 (n)": (f"{_fmt(g[t])} ({g[t].get('n')})" if t in g else "–") for t in types}}
+        for s, g in by_type.items()])
+    return [
+        "## F1 by question type (in-domain test split)", "",
+        to_markdown(table) if len(table) else "(no in-domain run)",
+        "Binary questions answer Da/Nu, extractive ones copy a value from the epicrisis, "
+        "reasoning ones combine facts (dates, counts, stages). The majority baseline scores "
+        "on binary questions only; a gain there means the model read the record, a gain on "
+        "extractive or reasoning questions can also come from learning which answers a kind "
+        "of question tends to have.", "",
+        f"![F1 by question type]({PLOTS['types']})", "",
+    ]
+
+
+def _training_section(curve: dict, trained: dict) -> list[str]:
+    def points(key: str) -> str:
+        return ", ".join(f"step {s}: {v:.3f}" for s, v in curve.get(key) or []) or "–"
+
+    n_steps = len(curve.get("train_loss") or [])
+    n_gen = ((trained.get("epochs") or [{}])[-1]).get("val_generated", "the first")
+    return [
+        "## Training curve", "",
+        f"![training curve]({PLOTS['training']})", "",
+        f"Training loss at each of {n_steps} optimiser steps (rank 0's micro-batch, from "
+        "TensorBoard `train/loss`); validation before training and at each epoch end, on "
+        f"the validation split: loss {points('val_loss')}; F1 on {n_gen} validation "
+        f"questions (greedy): {points('val_f1')}.",
         "",
-        f"How computed: {how}",
-        "",
-        "![F1 per system](f1_by_system.png)",
-        "",
-        "Full tables (Markdown, CSV, LaTeX) and the per-question-type plot: `report/`.",
-        "",
-        "## What ran",
-        "",
+    ]
+
+
+def _cell(text: str, limit: int = 60) -> str:
+    text = " ".join(str(text).split())
+    text = text if len(text) <= limit else text[:limit - 1] + "…"
+    return text.replace("|", "\\|") or "(empty)"
+
+
+def _examples_section(chosen: list[dict]) -> list[str]:
+    if not chosen:
+        return []
+    systems = list(chosen[0]["answers"])
+    head = "| type | question | reference | " + " | ".join(
+        figures.SYSTEM_LABELS.get(s, s) for s in systems) + " |"
+    lines = ["## Example questions (in-domain test split, synthetic)", "",
+             f"The first {findings.EXAMPLES_PER_TYPE} questions of each type by id, from "
+             "different patients (a fixed rule, not a selection); each answer with its F1.",
+             "", head, "|" + "---|" * (3 + len(systems))]
+    for ex in chosen:
+        answers = " | ".join(f"{_cell(ex['answers'][s]['text'])} ({ex['answers'][s]['f1']:.2f})"
+                             for s in systems)
+        lines.append(f"| {ex['question_type']} | {_cell(ex['question'], 80)} | "
+                     f"{_cell(ex['reference'])} | {answers} |")
+    return [*lines, ""]
+
+
+def _what_ran(cfg: DemoConfig, pretrain: dict, last: dict) -> list[str]:
+    t, tm = cfg.train, cfg.tiny_model
+    return [
+        "## What ran", "",
         f"1. Tiny random-init Llama ({tm.n_layers} layers, hidden {tm.hidden_size}, "
         f"{tm.n_heads} heads, vocabulary <= {tm.vocab_size}); byte-level BPE tokenizer trained "
         "on train-split text only.",
@@ -173,19 +243,28 @@ def _markdown(cfg: DemoConfig, rows: list[dict], margin: float | None, how: str,
            "embeddings) answers the fine-tuned row, on its own replica."
            if t.lora.modules_to_save else
            "the LoRA adapter on the same replica answers the fine-tuned row.")
-        + " Evaluation actors call the QA endpoint.",
-        "",
-        "## Honest caveats",
-        "",
+        + " Evaluation actors call the QA endpoint.", "",
+        "## Honest caveats", "",
         "- A tiny model learns question priors (which answers a kind of question tends to "
-        "have) as well as reading the epicrisis; the per-question-type table in `report/` "
-        "shows where the gain comes from (binary, extractive, reasoning).",
-        "- Cross-domain patients have cancer types absent from training.",
-        "",
-        "## Time (s, this machine) and memory",
-        "",
-        to_markdown(pd.DataFrame({"stage": list(timings),
-                                  "seconds": [round(v, 1) for v in timings.values()]})),
-        f"Memory: {memory['peak_above_start_gib']} GiB peak above start ({memory['how']})."
-        if memory else "",
+        "have) as well as reading the epicrisis: the per-question-type table shows where "
+        "the gain comes from.",
+        "- Cross-domain patients have cancer types absent from training.", "",
+    ]
+
+
+def _costs(timings: dict[str, float], memory: dict[str, Any] | None) -> list[str]:
+    import pandas as pd
+
+    stages = (memory or {}).get("by_stage_gib") or {}
+    table = pd.DataFrame([{
+        "stage": name, "seconds": f"{sec:.1f}",
+        "peak GiB, demo processes": f"{stages[name]['processes']:.2f}" if name in stages
+        else "", "peak GiB, system above start": f"{stages[name]['system']:.2f}"
+        if name in stages else ""} for name, sec in timings.items()])
+    peak = (memory or {}).get("peak_gib")
+    return [
+        "## Time and memory (this machine)", "",
+        to_markdown(table),
+        (f"Peak memory: {peak['processes']:.2f} GiB (demo processes), {peak['system']:.2f} GiB "
+         f"(system above start). {memory['how']}." if peak else ""),
     ]
