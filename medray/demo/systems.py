@@ -64,6 +64,7 @@ def serving(cfg: DemoConfig, train_cfg: Any, output: Path, name: str, model: Pat
                     model_id=f"demo-{name}", adapters={name: str(model)} if is_adapter else {},
                     max_lora_rank=train_cfg.lora.r, device="cpu",
                     max_model_len=cfg.serve.max_model_len,
+                    engine_kwargs={"dtype": cfg.serve.dtype},
                     context_tokens=train_cfg.data.context_tokens,
                     max_new_tokens=train_cfg.data.max_new_tokens, api_keys_env=None,
                     api_keys_file=str(key_file),
