@@ -83,3 +83,29 @@ def examples(output: Path, runs: dict[str, dict[str, Path]], split: str = "test"
                 "answers": {s: {"text": p[row.id], "f1": f1_medqaro(p[row.id], row.answer)}
                             for s, p in preds.items()}})
     return chosen
+
+
+def question_prior(output: Path, splits: tuple[str, ...] = ("test", "test_cross")
+                   ) -> dict[str, dict[str, Any]]:
+    """A reference point, not a system: answer each question with the train split's most
+    frequent answer to the same question text (the global majority answer for a text never
+    seen in training). What a model scores from question priors alone, without reading the
+    record. {split: {"f1": mean, "by_type": {question_type: mean}, "n": rows}}."""
+    from medray.data.prepared import load_prepared
+    from medray.eval.metrics.generative import f1_medqaro
+
+    data = load_prepared(output / "data")
+    train = data.split("train")
+    majority = train["answer"].value_counts().idxmax()
+    prior = train.groupby("question")["answer"].agg(lambda s: s.value_counts().idxmax())
+    out: dict[str, dict[str, Any]] = {}
+    for split in splits:
+        table = data.split(split).copy()
+        if not len(table):
+            continue
+        table["f1"] = [f1_medqaro(prior.get(q, majority), a)
+                       for q, a in zip(table["question"], table["answer"], strict=True)]
+        out[split] = {"f1": float(table["f1"].mean()), "n": len(table),
+                      "by_type": {t: float(v) for t, v in
+                                  table.groupby("question_type")["f1"].mean().items()}}
+    return out

@@ -82,6 +82,7 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
     by_type = findings.f1_by_type(runs)
     curve = findings.training_curve(output / "train", trained)
     chosen = findings.examples(output, runs)
+    prior = findings.question_prior(output, tuple(runs.get("majority") or ("test",)))
     images = {PLOTS["systems"]: figures.systems_figure(rows, DOMAINS),
               PLOTS["types"]: figures.types_figure(by_type, list(findings.QUESTION_TYPES)),
               PLOTS["training"]: figures.training_figure(curve)}
@@ -96,6 +97,7 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
         "cross_domain_f1_gap": {"value": cross, "fine_tuned_above_majority":
                                 cross is not None and cross > 0},
         "by_question_type": by_type,
+        "question_prior_f1": prior,
         "training_curve": {k: v for k, v in curve.items() if k != "train_loss"},
         "examples": chosen,
         "data": {"synthetic": True, **cfg.synth.model_dump(mode="json")},
@@ -109,9 +111,10 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
                   str(output / "report.html"), "tables": [str(p) for p in extra]},
     }
     write_json_atomic(output / "metrics.json", metrics)
-    results = _results(cfg, rows, margin, cross, how)
-    lines = [*results, *_by_type_section(by_type), *_training_section(curve, trained),
-             *_examples_section(chosen), *_what_ran(cfg, pretrain, last),
+    results = _results(cfg, rows, margin, cross, how, prior)
+    lines = [*results, *_by_type_section(by_type, prior.get("test")),
+             *_training_section(curve, trained), *_examples_section(chosen),
+             *_what_ran(cfg, pretrain, last),
              *_costs(timings, memory)]
     text = "\n".join(lines) + "\n"
     write_text_atomic(output / "report.md", text)
@@ -136,8 +139,19 @@ def _cross_line(gap: float | None) -> str:
             f"({'above' if gap > 0 else 'NOT above'} the majority baseline)")
 
 
+def _prior_line(prior: dict[str, dict]) -> str:
+    if "test" not in prior:
+        return ""
+    cross = (f" ({prior['test_cross']['f1']:.3f} cross-domain)" if "test_cross" in prior
+             else "")
+    return ("- Reference point, not a system: answering every question with the train "
+            "split's most frequent answer to the same question text scores F1 "
+            f"{prior['test']['f1']:.3f} in-domain{cross}. That much needs question priors "
+            "only; reading the record is what lies beyond it.")
+
+
 def _results(cfg: DemoConfig, rows: list[dict], margin: float | None, cross: float | None,
-             how: str) -> list[str]:
+             how: str, prior: dict[str, dict]) -> list[str]:
     import pandas as pd
 
     n = cfg.synth.n_patients
@@ -152,20 +166,23 @@ def _results(cfg: DemoConfig, rows: list[dict], margin: float | None, cross: flo
         "## Results", "",
         to_markdown(table),
         f"- {_margin_line(margin, cfg.eval.min_margin)}",
-        f"- {_cross_line(cross)}", "",
+        f"- {_cross_line(cross)}",
+        _prior_line(prior), "",
         f"How computed: {how}", "",
         f"![F1 per system]({PLOTS['systems']})", "",
         "Full tables (Markdown, CSV, LaTeX) and the general plots: `report/`.", "",
     ]
 
 
-def _by_type_section(by_type: dict[str, dict]) -> list[str]:
+def _by_type_section(by_type: dict[str, dict], prior: dict | None) -> list[str]:
     import pandas as pd
 
     types = list(findings.QUESTION_TYPES)
     table = pd.DataFrame([{"system": LABELS[s], **{
         f"{t} F1 (n)": (f"{_fmt(g[t])} ({g[t].get('n')})" if t in g else "–") for t in types}}
-        for s, g in by_type.items()])
+        for s, g in by_type.items()] + ([{"system": "(reference) question-text prior", **{
+            f"{t} F1 (n)": f"{prior['by_type'][t]:.3f}" if t in prior["by_type"] else "–"
+            for t in types}}] if prior else []))
     return [
         "## F1 by question type (in-domain test split)", "",
         to_markdown(table) if len(table) else "(no in-domain run)",
