@@ -38,23 +38,32 @@ def run_seed(seed: int, work: Path, config: str, overrides: list[str]) -> dict:
     t0 = time.time()
     summary = run_demo(work / "demo", seed=seed, config=Path(config), overrides=overrides,
                        console=Console(stderr=True))
-    wall = time.time() - t0
+    return row_from_summary(summary, time.time() - t0)
+
+
+def row_from_summary(summary: dict, wall: float) -> dict:
+    """One seed's line from a demo's metrics.json (or run_demo's return value)."""
     rows = {(r["system"], r["split"]): r for r in summary["rows"]}
     memory = summary["memory"]
-    return {"seed": seed, "n_test": rows["majority", "test"]["n"],
+    return {"seed": summary["seed"], "n_test": rows["majority", "test"]["n"],
             "n_test_patients": rows["majority", "test"]["n_patients"],
-            **{name: rows[name, "test"]["f1"] for name in ("majority", "zero_shot",
-                                                          "fine_tuned")},
+            **{name: rows[name, "test"]["f1"] if (name, "test") in rows else None
+               for name in ("majority", "zero_shot", "fine_tuned")},
             "margin": summary["margin_in_domain_f1"]["value"],
             "cross": {name: rows[name, "test_cross"]["f1"] for name in ("majority",
                                                                          "fine_tuned")},
             "n_cross": rows["majority", "test_cross"]["n"],
             "wall_s": round(wall, 1), "timings_s": summary["timings_s"],
-            "memory_gib": memory["peak_gib"], "memory_by_stage_gib": memory["by_stage_gib"]}
+            # metrics.json of demos before per-stage memory had the system view only
+            "memory_gib": memory.get("peak_gib") or {
+                "processes": float("nan"), "system": memory["peak_above_start_gib"]},
+            "memory_by_stage_gib": memory.get("by_stage_gib")}
 
 
 def print_table(rows: list[dict], need: float, label: str) -> bool:
-    def f1(m: dict) -> str:
+    def f1(m: dict | None) -> str:
+        if m is None:  # a run with eval.zero_shot=false
+            return "not run"
         return f"{m['mean']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"
 
     print(f"\nF1 medqaro mode, 95% CI patient bootstrap; {label}")
@@ -81,6 +90,9 @@ def main() -> None:
     ap.add_argument("--json", help="also write the per-seed results here")
     ap.add_argument("--from-json", nargs="+", metavar="FILE",
                     help="print the table of earlier --json results (runs nothing)")
+    ap.add_argument("--from-demo", nargs="+", metavar="DIR",
+                    help="print the table of finished `medray demo --output DIR` runs (their "
+                         "metrics.json; wall time = the demo's own total)")
     ap.add_argument("--keep", help="keep each seed's demo output under KEEP/seed-S")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override the recipe, e.g. train.optim.lr=5e-3 pretrain.steps=200")
@@ -88,9 +100,13 @@ def main() -> None:
     from medray.demo import load_demo_config
 
     need = load_demo_config(args.config, args.set).eval.min_margin
-    if args.from_json:
-        rows = [r for f in args.from_json for r in json.loads(Path(f).read_text())]
-        print_table(sorted(rows, key=lambda r: r["seed"]), need, f"from {args.from_json}")
+    if args.from_json or args.from_demo:
+        rows = [r for f in args.from_json or [] for r in json.loads(Path(f).read_text())]
+        for d in args.from_demo or []:
+            summary = json.loads((Path(d) / "metrics.json").read_text())
+            rows.append(row_from_summary(summary, summary["timings_s"]["total"]))
+        print_table(sorted(rows, key=lambda r: r["seed"]), need,
+                    f"from {[*(args.from_json or []), *(args.from_demo or [])]}")
         return
     rows = []
     for seed in args.seeds:

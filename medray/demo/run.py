@@ -81,9 +81,12 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
     evaluate = SystemEvaluator(cfg, train_cfg, output, console)
     with stage(5, "zero-shot: serve the base (Ray Serve + vLLM), evaluate"):
         evaluate("majority", None)
-        with serving(cfg, train_cfg, output, "base", model_dirs(output)["pretrained"],
-                     console) as endpoint:
-            evaluate("zero_shot", endpoint)
+        if cfg.eval.zero_shot:
+            with serving(cfg, train_cfg, output, "base", model_dirs(output)["pretrained"],
+                         console) as endpoint:
+                evaluate("zero_shot", endpoint)
+        else:
+            console.print("zero-shot row left out (eval.zero_shot=false)")
 
     with stage(6, "fine-tuned: serve the adapter, evaluate"):
         with serving(cfg, train_cfg, output, "ft", fine_tuned_model(train_cfg, output),
