@@ -28,7 +28,8 @@ HOW = ("F1 and EM in 'medqaro' metric mode (reference formulas: lowercase, ASCII
        "removed, set-based token F1, per example then averaged); BLEU (NLTK, smoothing "
        "method4) and METEOR as in the reference; 95% CI: percentile bootstrap resampling "
        "patients ({resamples} resamples, seed 0); greedy decoding, {max_new} new tokens; "
-       "prompt format {fmt} (question, epicrisis trimmed to {ctx} tokens, answer).")
+       "prompt format {fmt} ({order}; prompt within {ctx} tokens, the epicrisis trimmed).")
+ORDER = {"qea": "question, epicrisis, answer", "eqa": "epicrisis, question, answer"}
 PLOTS = {"systems": "f1_by_system.png", "types": "f1_by_question_type.png",
          "training": "training_curve.png"}
 
@@ -76,7 +77,8 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
     t = cfg.train
     margin, cross = _gap(by, "test"), _gap(by, "test_cross")
     how = HOW.format(resamples=cfg.eval.resamples, max_new=t.data.max_new_tokens,
-                     fmt=t.data.prompt_format, ctx=t.data.context_tokens)
+                     fmt=t.data.prompt_format, ctx=t.data.context_tokens,
+                     order=ORDER.get(t.data.prompt_format, t.data.prompt_format))
     extra = write_report([p for by_split in runs.values() for p in by_split.values()],
                          output / "report")
     by_type = findings.f1_by_type(runs)
