@@ -116,14 +116,17 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
     results = _results(cfg, rows, margin, cross, how, prior)
     lines = [*results, *_by_type_section(by_type, prior.get("test")),
              *_training_section(curve, trained), *_examples_section(chosen),
-             *_what_ran(cfg, pretrain, last),
-             *_costs(timings, memory)]
+             *_what_ran(cfg, pretrain, last)]
+    costs = _costs(timings, memory)
+    lines += costs
     text = "\n".join(lines) + "\n"
     write_text_atomic(output / "report.md", text)
     write_text_atomic(output / "report.html", to_html(text, images, "medray demo report"))
+    # The console's summary: the results table, the two verdicts, the stage table.
     table = [ln for ln in results if ln.startswith("|")]
     return {**metrics, "lines": [*table, _cross_line(cross),
-                                 _margin_line(margin, cfg.eval.min_margin)]}
+                                 _margin_line(margin, cfg.eval.min_margin), "",
+                                 *[ln for ln in costs if ln.startswith("|")]]}
 
 
 def _margin_line(margin: float | None, need: float) -> str:
