@@ -113,7 +113,7 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
                   str(output / "report.html"), "tables": [str(p) for p in extra]},
     }
     write_json_atomic(output / "metrics.json", metrics)
-    results = _results(cfg, rows, margin, cross, how, prior)
+    results = _results(cfg, rows, margin, cross, how, prior, seed)
     lines = [*results, *_by_type_section(by_type, prior.get("test")),
              *_training_section(curve, trained), *_examples_section(chosen),
              *_what_ran(cfg, pretrain, last)]
@@ -156,16 +156,16 @@ def _prior_line(prior: dict[str, dict]) -> str:
 
 
 def _results(cfg: DemoConfig, rows: list[dict], margin: float | None, cross: float | None,
-             how: str, prior: dict[str, dict]) -> list[str]:
+             how: str, prior: dict[str, dict], seed: int) -> list[str]:
     import pandas as pd
 
-    n = cfg.synth.n_patients
+    n = ", ".join(f"{split} {count}" for split, count in cfg.synth.n_patients.items())
     table = pd.DataFrame([{"system": r["label"], "domain": r["domain"], "n (patients)":
                            f"{r['n']} ({r['n_patients']})",
                            **{k.upper(): _fmt(r[k]) for k in METRICS}} for r in rows])
     return [
         "# medray demo report", "",
-        f"Synthetic MedQARo-like data (patients per split {n}; epicrises "
+        f"Synthetic MedQARo-like data (seed {seed}; patients per split: {n}; epicrises "
         f"{cfg.synth.words[0]}-{cfg.synth.words[1]} words). **Synthetic: these numbers say "
         "the pipeline learns, not anything clinical.**", "",
         "## Results", "",
