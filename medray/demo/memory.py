@@ -1,11 +1,14 @@
 """Peak memory of a demo run, overall and per stage.
 
-Two views, sampled every 0.5 s from a background thread:
+Two views, sampled from a background thread:
 - the demo's own processes: this driver and every descendant (a local Ray cluster it
   started, Ray workers, Train workers, the vLLM replica and engine processes), summed PSS
   (shared pages split between the processes that map them, so shared libraries and Ray's
-  object store are not counted once per process);
-- system memory in use above the level at start (includes anything else running).
+  object store are not counted once per process), every 3 s: reading PSS makes the kernel
+  walk each process's page tables (~6 ms per Ray or vLLM process), too costly to do more
+  often on a 2-core machine that is also training;
+- system memory in use above the level at start (includes anything else running), every
+  0.5 s (cheap).
 When the demo joins a cluster started elsewhere, that cluster's workers are not its
 descendants: only the system view covers them.
 """
@@ -18,8 +21,9 @@ from typing import Any
 GIB = 2**30
 HOW = ("'processes': summed PSS of the demo driver and all its descendant processes (local "
        "Ray cluster, Ray/Train workers, vLLM replica and engine), peak of samples every "
-       "0.5 s; 'system': system memory in use (total - available), peak minus the value at "
-       "start, includes anything else running on the machine")
+       "3 s; 'system': system memory in use (total - available), peak minus the value at "
+       "start, sampled every 0.5 s, includes anything else running on the machine")
+PSS_EVERY = 6  # system samples per process-tree sample
 
 
 def _tree_pss() -> int:
@@ -55,8 +59,10 @@ class MemoryPeak:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name="memory-peak")
 
-    def _sample(self) -> None:
-        now = {"processes": _tree_pss(), "system": _system_used() - self._start}
+    def _sample(self, processes: bool = True) -> None:
+        now = {"system": _system_used() - self._start}
+        if processes:
+            now["processes"] = _tree_pss()
         with self._lock:
             for key, value in now.items():
                 self._peak[key] = max(self._peak[key], value)
@@ -65,8 +71,10 @@ class MemoryPeak:
                     stage[key] = max(stage[key], value)
 
     def _run(self) -> None:
+        n = 0
         while not self._stop.wait(self._interval):
-            self._sample()
+            n += 1
+            self._sample(processes=n % PSS_EVERY == 0)
 
     def start(self) -> MemoryPeak:
         self._sample()
