@@ -42,7 +42,9 @@ REDUCED = [
 LIBRARY_LOG = [r"\bINFO\b", r"\bWARNING\b", r"\bERROR\b", r"\(pid=", r"pid=\d+\)",
                r"\[rank\d", r"\(raylet\)", r"\[\w+\.py:\d+\]", r"Warning:", r"Traceback",
                r"\d\d:\d\d:\d\d,\d{3}", r"\bvllm\b", r"\bVllm", r"DeepSpeed",
-               r"tensorflow|oneDNN|Triton"]
+               r"tensorflow|oneDNN|Triton", r"\d+%\|", r"\bit/s\b|\bs/it\b",
+               r"Loading weights|Writing model shards",  # ... tqdm bars
+               r"^\s*'\w+': |runtime_env"]  # ... and Ray Serve's printed deployment configs
 OWN_TITLES = ["(Ray Serve + vLLM)", "(DeepSpeed ZeRO)"]  # the demo's stage names
 
 
