@@ -159,7 +159,7 @@ def test_reduced_demo_report_shows_types_curve_examples(cli_run) -> None:
     for ex in examples:
         assert ex["question"][:40] in report or ex["question"][:40].replace("|", "\\|") in report
         for system, answer in ex["answers"].items():
-            assert answer["text"] == preds[system][ex["id"]]
+            assert answer["text"] == (preds[system][ex["id"]] or "")
     # The HTML copy: the same report, every plot inline.
     page = (out / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == 3
@@ -188,4 +188,4 @@ def test_reduced_demo_same_seed_same_numbers(cli_run, tmp_path: Path) -> None:
                 "answers": [(e["id"], {s: a["text"] for s, a in e["answers"].items()})
                             for e in m["examples"]]}
 
-    assert numbers(json.loads(json.dumps(second))) == numbers(first)
+    assert numbers(json.loads(json.dumps(second, default=str))) == numbers(first)
