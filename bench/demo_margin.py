@@ -1,16 +1,20 @@
-"""Does the demo beat the majority baseline by >= 0.10 F1 on held-out patients, per seed?
+"""Does the demo beat the majority baseline by the required F1 margin on held-out patients,
+and stay above it cross-domain, per seed? With its wall time and peak memory.
 
 Runs `medray demo` itself (medray.demo.run_demo: synthetic data, tiny model, pre-training,
 Ray Train 2 workers DeepSpeed ZeRO-2 LoRA, Ray Serve + vLLM, evaluation actors, report)
-for several seeds (default 0 1 2; a seed changes the synthetic data, the model init and
-the training order) and prints, per seed, F1 on the in-domain TEST split (medqaro mode:
-set-based token F1 after lowercasing, ASCII-punctuation removal, whitespace collapse; per
-example, then averaged; 95% CI by patient bootstrap) of the majority baseline, the
-zero-shot base and the fine-tuned model, the margin fine-tuned - majority, the demo's
-wall time and its peak memory above the level at start.
+for each seed (a seed changes the synthetic data, the model init and the training order)
+and prints, per seed: F1 on the in-domain TEST split (medqaro mode: set-based token F1
+after lowercasing, ASCII-punctuation removal, whitespace collapse; per example, then
+averaged; 95% CI by patient bootstrap) of the majority baseline, the zero-shot base and
+the fine-tuned model; the margin fine-tuned - majority; the cross-domain F1 of fine-tuned
+and majority; the demo's wall time (run_demo, Ray start included); its peak memory: the
+summed PSS of the demo's own processes, and system memory in use above the start.
 
-Run alone (it starts its own local Ray unless RAY_ADDRESS is set):
-    flock /tmp/medray-heavy.lock .venv/bin/python bench/demo_margin.py [--seeds 0 1 2]
+Run alone (it starts its own local Ray unless RAY_ADDRESS is set). One seed per lock hold:
+    flock /tmp/medray-heavy.lock .venv/bin/python bench/demo_margin.py --seeds 0 --json s0.json
+    .venv/bin/python bench/demo_margin.py --from-json s0.json s1.json ...   # the table
+or all at once: .venv/bin/python bench/demo_margin.py --seeds 0 1 2 3 4
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import json
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,30 +35,79 @@ def run_seed(seed: int, work: Path, config: str, overrides: list[str]) -> dict:
 
     from medray.demo import run_demo
 
+    t0 = time.time()
     summary = run_demo(work / "demo", seed=seed, config=Path(config), overrides=overrides,
                        console=Console(stderr=True))
+    return row_from_summary(summary, time.time() - t0)
+
+
+def row_from_summary(summary: dict, wall: float) -> dict:
+    """One seed's line from a demo's metrics.json (or run_demo's return value)."""
     rows = {(r["system"], r["split"]): r for r in summary["rows"]}
-    return {"seed": seed, "n_test": rows["majority", "test"]["n"],
+    memory = summary["memory"]
+    return {"seed": summary["seed"], "n_test": rows["majority", "test"]["n"],
             "n_test_patients": rows["majority", "test"]["n_patients"],
-            **{name: rows[name, "test"]["f1"] for name in ("majority", "zero_shot",
-                                                          "fine_tuned")},
+            **{name: rows[name, "test"]["f1"] if (name, "test") in rows else None
+               for name in ("majority", "zero_shot", "fine_tuned")},
             "margin": summary["margin_in_domain_f1"]["value"],
-            "total_s": summary["timings_s"]["total"], "timings_s": summary["timings_s"],
-            "memory_gib": summary["memory"]["peak_above_start_gib"]}
+            "cross": {name: rows[name, "test_cross"]["f1"] for name in ("majority",
+                                                                         "fine_tuned")},
+            "n_cross": rows["majority", "test_cross"]["n"],
+            "wall_s": round(wall, 1), "timings_s": summary["timings_s"],
+            # metrics.json of demos before per-stage memory had the system view only
+            "memory_gib": memory.get("peak_gib") or {
+                "processes": float("nan"), "system": memory["peak_above_start_gib"]},
+            "memory_by_stage_gib": memory.get("by_stage_gib")}
+
+
+def print_table(rows: list[dict], need: float, label: str) -> bool:
+    def f1(m: dict | None) -> str:
+        if m is None:  # a run with eval.zero_shot=false
+            return "not run"
+        return f"{m['mean']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"
+
+    print(f"\nF1 medqaro mode, 95% CI patient bootstrap; {label}")
+    print(f"{'seed':>4} {'n (pat.)':>9} {'majority':>21} {'zero-shot':>21} "
+          f"{'fine-tuned':>21} {'margin':>7} {'cross ft vs maj':>15} {'wall':>7} "
+          f"{'mem GiB (procs/sys)':>19}")
+    for r in rows:
+        cross = f"{r['cross']['fine_tuned']['mean']:.3f} vs {r['cross']['majority']['mean']:.3f}"
+        mem = f"{r['memory_gib']['processes']:.2f} / {r['memory_gib']['system']:.2f}"
+        print(f"{r['seed']:>4} {r['n_test']:>5} ({r['n_test_patients']:>2}) "
+              f"{f1(r['majority']):>21} {f1(r['zero_shot']):>21} {f1(r['fine_tuned']):>21} "
+              f"{r['margin']:>+7.3f} {cross:>15} {r['wall_s'] / 60:>5.1f}min {mem:>19}")
+    ok = all(r["margin"] >= need and r["cross"]["fine_tuned"]["mean"]
+             > r["cross"]["majority"]["mean"] for r in rows)
+    print(f"margin >= {need} and fine-tuned above majority cross-domain on every seed: "
+          f"{'yes' if ok else 'NO'}")
+    return ok
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     ap.add_argument("--json", help="also write the per-seed results here")
+    ap.add_argument("--from-json", nargs="+", metavar="FILE",
+                    help="print the table of earlier --json results (runs nothing)")
+    ap.add_argument("--from-demo", nargs="+", metavar="DIR",
+                    help="print the table of finished `medray demo --output DIR` runs (their "
+                         "metrics.json; wall time = the demo's own total)")
     ap.add_argument("--keep", help="keep each seed's demo output under KEEP/seed-S")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="override the recipe, e.g. train.optim.lr=5e-3 pretrain.steps=200")
     args = ap.parse_args()
-    from medray.demo_config import load_demo_config
+    from medray.demo import load_demo_config
 
     need = load_demo_config(args.config, args.set).eval.min_margin
+    if args.from_json or args.from_demo:
+        rows = [r for f in args.from_json or [] for r in json.loads(Path(f).read_text())]
+        for d in args.from_demo or []:
+            summary = json.loads((Path(d) / "metrics.json").read_text())
+            rows.append(row_from_summary(summary, summary["timings_s"]["total"]))
+        print_table(sorted(rows, key=lambda r: r["seed"]), need,
+                    f"from {[*(args.from_json or []), *(args.from_demo or [])]}")
+        return
     rows = []
     for seed in args.seeds:
         if args.keep:
@@ -62,22 +116,9 @@ def main() -> None:
             with tempfile.TemporaryDirectory(prefix=f"demo-margin-s{seed}-") as tmp:
                 rows.append(run_seed(seed, Path(tmp), args.config, args.set))
         print(json.dumps(rows[-1]), flush=True)
-
-    def f1(m: dict) -> str:
-        return f"{m['mean']:.3f} [{m['ci95'][0]:.3f}, {m['ci95'][1]:.3f}]"
-
-    print(f"\nF1 medqaro mode, in-domain test split, 95% CI patient bootstrap; config "
-          f"{args.config}; overrides {args.set}")
-    print(f"{'seed':>4} {'n (pat.)':>9} {'majority':>21} {'zero-shot':>21} "
-          f"{'fine-tuned':>21} {'margin':>7} {'total_s':>7} {'mem_GiB':>7}")
-    for r in rows:
-        print(f"{r['seed']:>4} {r['n_test']:>5} ({r['n_test_patients']:>2}) "
-              f"{f1(r['majority']):>21} {f1(r['zero_shot']):>21} {f1(r['fine_tuned']):>21} "
-              f"{r['margin']:>+7.3f} {r['total_s']:>7.0f} {r['memory_gib']:>7}")
-    ok = all(r["margin"] >= need for r in rows)
-    print(f"margin >= {need} on every seed: {'yes' if ok else 'NO'}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=2))
+    print_table(rows, need, f"config {args.config}; overrides {args.set}")
 
 
 if __name__ == "__main__":

@@ -21,8 +21,7 @@ def demo(
     """The whole pipeline on synthetic data: tiny model, Ray Train LoRA, Serve, eval, report."""
     from medray.config import ConfigError
     from medray.console import command_console, fail
-    from medray.demo import run_demo
-    from medray.demo_config import DEFAULT_DEMO_CONFIG
+    from medray.demo import DEFAULT_DEMO_CONFIG, run_demo
     from medray.fsutil import OutputRefused, claim_directory
 
     try:  # claimed before the console writes OUTPUT/logs into it
