@@ -31,12 +31,15 @@ def serve_cmd(
     """Serve a model (vLLM replicas + QA ingress) from the same YAML `serve run` reads."""
     from pydantic import ValidationError
 
+    from medray.config import ConfigError
     from medray.serve_config import load_serve_file
     from medray.serving.validation import check_servable
 
     try:
         spec = load_serve_file(config)
         check_servable(spec.args.resolved(), spec.args)  # before Ray or any replica starts
+    except ConfigError as err:  # names the file and the key already
+        fail(str(err))
     except (OSError, ValueError, ValidationError) as err:
         fail(f"{config}: {err}")
     with command_console("serve", logs, verbose=verbose) as display:
