@@ -28,11 +28,13 @@ from medray.eval.mcq_run import (
     run_mcq,
     sample_rows,
 )
-from medray.prompts import medqaro_prompt
+from medray.prompts import PromptSpec, medqaro_prompt
 
 log = logging.getLogger(__name__)
 
-GENERATIVE_MAX_TOKENS = 10  # the reference generation budget (max_new_tokens=10)
+# Zero-shot MedQARo through an API: the whole epicrisis, the prompt contract's defaults
+# (the reference's 10 new tokens).
+GENERATIVE_PROMPT = PromptSpec()
 IMAGE_TOKENS_ESTIMATE = 1600  # per image, dry-run estimate only (providers differ)
 
 
@@ -71,7 +73,7 @@ def dry_run_report(spec: str, data: PreparedData, items: pd.DataFrame, *, shots:
     else:
         for i, prompt in enumerate(_generative_prompts(data, items)):
             in_tok += estimate_tokens(prompt)
-            out_tok += GENERATIVE_MAX_TOKENS
+            out_tok += GENERATIVE_PROMPT.max_new_tokens
             if i < show:
                 q = items["question"].iloc[i]
                 shown.append([{"role": "user", "content": medqaro_prompt(
@@ -87,7 +89,8 @@ def dry_run_report(spec: str, data: PreparedData, items: pd.DataFrame, *, shots:
 
 
 def run_generative(engine: Any, data: PreparedData, items: pd.DataFrame, out: Path,
-                   max_new_tokens: int = GENERATIVE_MAX_TOKENS, mode: str = "medqaro") -> dict:
+                   max_new_tokens: int = GENERATIVE_PROMPT.max_new_tokens,
+                   mode: str = "medqaro") -> dict:
     from medray.eval.metrics.aggregate import score_generative
 
     done = runio.done_ids(out / runio.PREDICTIONS)
@@ -193,7 +196,7 @@ def run_external_eval(
         counts = {}
         metrics = run_generative(engine, data, items, out)
         metrics["prompt"] = (f"qea (question, whole epicrisis, answer), 0-shot, at most "
-                             f"{GENERATIVE_MAX_TOKENS} new tokens")
+                             f"{GENERATIVE_PROMPT.max_new_tokens} new tokens")
     usage = engine.usage.summary() if hasattr(engine, "usage") else None
     metrics.update(
         dataset=data.dataset, split=split, engine=str(spec),
