@@ -207,3 +207,29 @@ def _write(tmp_path, raw: dict):
     path = tmp_path / f"c{len(list(tmp_path.iterdir()))}.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path
+
+
+def test_serving_builds_the_training_prompt_token_for_token(tok, tiny_model, medqaro_prepared):
+    """The pieces Serve's /v1/qa and the eval actors use (plan_strategy) give the prompt
+    training's example assembler builds, for real prepared examples and a trimmed budget."""
+    import pandas as pd
+
+    from medray.data.prepared import load_prepared
+    from medray.strategies import plan_strategy
+    from medray.tokenization import IGNORE_INDEX, ContextTokenizer, ExampleAssembler
+
+    data = load_prepared(medqaro_prepared)
+    examples = data.split("test").head(6)
+    contexts_df = ContextTokenizer(str(tiny_model))(data.contexts[["context_id", "text"]])
+    contexts = dict(zip(contexts_df["context_id"], contexts_df["context_ids"], strict=True))
+    for spec in (PromptSpec(context_tokens=128), PromptSpec(format="eqa", context_tokens=200,
+                                                            max_new_tokens=6)):
+        built = ExampleAssembler(str(tiny_model), contexts, spec)(
+            pd.DataFrame(examples[["id", "question", "answer", "context_id"]]))
+        for row, ids, labels in zip(examples.itertuples(index=False), built["input_ids"],
+                                    built["labels"], strict=True):
+            prompt = ids[:int((labels == IGNORE_INDEX).sum())].tolist()
+            (served,) = plan_strategy(tok, row.question, data.context(row.context_id),
+                                      spec).prompts
+            assert served == prompt
+            assert len(prompt) == spec.context_tokens - spec.answer_reserve  # trimmed

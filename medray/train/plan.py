@@ -22,9 +22,9 @@ class Preflight:
     train_ids: list[str] | None  # a fixed subset (data.max_train_examples), else None
     val_ids: list[str] | None
     val_gen_ids: list[str]  # the validation items answered greedily each epoch
-    # Per training example: prompt without context + answer room, and its epicrisis id
+    # Per training example: its context room (PromptSpec.context_room) and epicrisis id
     # (the schedule is sized from them once the epicrises are tokenised).
-    train_fixed: list[int] = field(repr=False)
+    train_rooms: list[int] = field(repr=False)
     train_context_ids: list[str] = field(repr=False)
 
 

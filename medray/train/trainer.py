@@ -83,33 +83,31 @@ def preflight(cfg: TrainConfig) -> Preflight:
     check_budget(tokenizer, train, spec)
     check_budget(tokenizer, val, spec)
 
-    # Prompt (without context) + answer room: the schedule is sized from them once the
-    # epicrises are tokenised (see schedule()).
-    fixed = [
-        spec.context_tokens - spec.context_room(prompt_pieces(tokenizer, r.question, spec),
-                                                len(answer_ids(tokenizer, r.answer)))
-        for r in train.itertuples(index=False)
-    ]
+    # Each example's context room: the schedule is sized from them once the epicrises
+    # are tokenised (see schedule()).
+    rooms = [spec.context_room(prompt_pieces(tokenizer, r.question, spec),
+                               len(answer_ids(tokenizer, r.answer)))
+             for r in train.itertuples(index=False)]
     return Preflight(
         lora_targets=targets, n_train=len(train), n_val=len(val),
         train_ids=train["id"].tolist() if cfg.data.max_train_examples else None,
         val_ids=val["id"].tolist() if cfg.data.max_val_examples else None,
         val_gen_ids=val["id"].tolist()[: cfg.data.val_generate_examples],
-        train_fixed=fixed, train_context_ids=train["context_id"].tolist(),
+        train_rooms=rooms, train_context_ids=train["context_id"].tolist(),
     )
 
 
 def schedule(cfg: TrainConfig, checked: Preflight, contexts: dict) -> RunPlan:
     """The plan with optimiser steps per epoch and in total, from exact example lengths."""
     n_ctx = cfg.prompt.context_tokens
-    fixed, cids = checked.train_fixed, checked.train_context_ids
-    if cfg.prompt.strategy == "chunks":  # one example per chunk of the room left for context
-        lengths = []
-        for f, c in zip(fixed, cids, strict=True):
-            room, n = max(n_ctx - f, 1), len(contexts[c])
-            lengths += [min(n_ctx, f + min(room, n - s)) for s in range(0, max(n, 1), room)]
-    else:
-        lengths = [min(n_ctx, f + len(contexts[c])) for f, c in zip(fixed, cids, strict=True)]
+    lengths = []
+    for room, cid in zip(checked.train_rooms, checked.train_context_ids, strict=True):
+        fixed, n = n_ctx - room, len(contexts[cid])  # prompt without context + answer room
+        if cfg.prompt.strategy == "chunks":  # one example per chunk of the context room
+            step = max(room, 1)
+            lengths += [min(n_ctx, fixed + min(step, n - s)) for s in range(0, max(n, 1), step)]
+        else:
+            lengths.append(min(n_ctx, fixed + n))
     world, mb = cfg.scaling.num_workers, cfg.optim.micro_batch_size
     if cfg.data.batching == "pack":
         micro = math.ceil(sum(lengths) / world / n_ctx / mb)

@@ -221,6 +221,7 @@ def apply_params(raw: dict, params: dict[str, Any]) -> dict:
 
 def check_keys(space: Space, source: str = "<space>") -> None:
     """Every `fixed` and `params` key is a field of the training config (TrainConfig)."""
+    from medray.prompts import moved_prompt_keys
     from medray.train.config import TrainConfig
 
     keys = {**{k: "fixed" for k in space.fixed}, **{k: "params" for k in space.params}}
@@ -228,7 +229,11 @@ def check_keys(space: Space, source: str = "<space>") -> None:
         try:
             check_key(TrainConfig, key)
         except KeyError as exc:
-            raise ConfigError(f"{source}: {section}: '{key}': {exc.args[0]}") from None
+            head, _, tail = key.partition(".")
+            moved = moved_prompt_keys({tail: None}, ("prompt_format", "context_tokens",
+                                                     "max_new_tokens", "mode"), "data.")
+            why = moved[0] if head == "data" and moved else exc.args[0]
+            raise ConfigError(f"{source}: {section}: '{key}': {why}") from None
     dup = set(space.fixed) & set(space.params)
     if dup:
         raise ConfigError(f"{source}: {sorted(dup)} both fixed and searched; keep one")
