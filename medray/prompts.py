@@ -107,12 +107,6 @@ class PromptSpec(BaseModel):
         n_fixed = fixed if isinstance(fixed, int) else int(fixed.fixed)
         return self.context_tokens - max(answer_tokens, self.answer_reserve) - n_fixed
 
-    def room(self, tokenizer: Any, question: str, answer_tokens: int = 0) -> int:
-        """`context_room` for one question with a real tokenizer."""
-        from medray.tokenization import prompt_pieces
-
-        return self.context_room(prompt_pieces(tokenizer, question, self), answer_tokens)
-
     def chat_text(self, tokenizer: Any, chat: ChatPrompt) -> str:
         """The one place a chat template is applied: only with `chat_template` on (and a
         tokenizer that has one); otherwise the flattened system + user text."""

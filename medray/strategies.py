@@ -128,7 +128,9 @@ def bm25_select(
 
 def context_budget(tokenizer: Any, question: str, spec: PromptSpec) -> int:
     """How many epicrisis tokens fit: what build_prompt_ids keeps of an over-long context."""
-    return max(spec.room(tokenizer, question), 0)
+    from medray.tokenization import question_room
+
+    return max(question_room(tokenizer, question, spec), 0)
 
 
 @dataclass

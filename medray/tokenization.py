@@ -110,6 +110,12 @@ def prompt_pieces(tokenizer: Any, question: str, spec: PromptSpec) -> PromptPiec
     )
 
 
+def question_room(tokenizer: Any, question: str, spec: PromptSpec,
+                  answer_tokens: int = 0) -> int:
+    """`PromptSpec.context_room` for one question with a real tokenizer."""
+    return spec.context_room(prompt_pieces(tokenizer, question, spec), answer_tokens)
+
+
 def answer_ids(tokenizer: Any, answer: str) -> list[int]:
     """Target ids: the answer (after "Raspuns: ", as prompt + " " + answer) plus EOS."""
     return encode_piece(tokenizer, answer) + [tokenizer.eos_token_id]

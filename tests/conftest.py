@@ -178,3 +178,14 @@ def serve_app(ray_session, tiny_model, served_adapter, served_merged, tmp_path_f
     serve.run(build_app(cfg), name="medray", route_prefix="/")
     yield f"http://127.0.0.1:{port}", SERVE_KEY, cfg
     serve.shutdown()
+
+
+@pytest.fixture(scope="module")
+def client(serve_app):
+    """An HTTP client of the session's Serve app, with its bearer key."""
+    import httpx
+
+    url, key, _ = serve_app
+    with httpx.Client(base_url=url, timeout=300,
+                      headers={"Authorization": f"Bearer {key}"}) as c:
+        yield c

@@ -9,17 +9,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
-import pytest
-
-
-@pytest.fixture(scope="module")
-def client(serve_app):
-    url, key, _ = serve_app
-    with httpx.Client(base_url=url, timeout=120,
-                      headers={"Authorization": f"Bearer {key}"}) as c:
-        yield c
-
 
 def _trained_spec(tiny_trained):
     from medray.prompts import PromptSpec

@@ -58,12 +58,18 @@ def test_context_room_arithmetic():
 
 
 def test_room_is_what_the_token_assembly_keeps(tok):
-    from medray.tokenization import build_example, build_prompt_ids, encode_context, prompt_pieces
+    from medray.tokenization import (
+        build_example,
+        build_prompt_ids,
+        encode_context,
+        prompt_pieces,
+        question_room,
+    )
 
     context = encode_context(tok, "Pacienta de 54 ani, carcinom mamar invaziv. " * 40)
     for spec in (PromptSpec(context_tokens=120), PromptSpec(format="eqa", context_tokens=90,
                                                             max_new_tokens=4)):
-        room = spec.room(tok, Q)
+        room = question_room(tok, Q, spec)
         pieces = prompt_pieces(tok, Q, spec)
         assert room == spec.context_tokens - spec.answer_reserve - pieces.fixed
         ids = build_prompt_ids(tok, Q, context, spec)

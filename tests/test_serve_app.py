@@ -13,14 +13,6 @@ CONTEXT = ("Pacienta de 54 ani, diagnosticata cu carcinom mamar invaziv stadiul 
 
 
 @pytest.fixture(scope="module")
-def client(serve_app):
-    url, key, _ = serve_app
-    with httpx.Client(base_url=url, timeout=120,
-                      headers={"Authorization": f"Bearer {key}"}) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
 def anon(serve_app):
     with httpx.Client(base_url=serve_app[0], timeout=60) as c:
         yield c

@@ -84,14 +84,6 @@ VALID = {
 }
 
 
-@pytest.fixture(scope="module")
-def client(serve_app):
-    url, key, _ = serve_app
-    with httpx.Client(base_url=url, timeout=300,
-                      headers={"Authorization": f"Bearer {key}"}) as c:
-        yield c
-
-
 def _post(client: httpx.Client, path: str, body: Any) -> None:
     # json.dumps escapes lone surrogates, so they reach the server as JSON allows them.
     r = client.post(path, content=json.dumps(body), headers={"Content-Type":
