@@ -7,4 +7,8 @@ node=${1:?usage: cluster_kill_node.sh worker|head}
 pids=$(ip netns pids "medray-$node")
 [[ -n $pids ]] || { echo "cluster_kill_node: nothing runs on $node" >&2; exit 2; }
 kill -KILL $pids
+for _ in $(seq 50); do  # gone once the kernel has reaped them
+    [[ -z $(ip netns pids "medray-$node") ]] && break
+    sleep 0.1
+done
 echo "killed $(wc -w <<<"$pids") process(es) of node $node"
