@@ -50,6 +50,7 @@ start_node() {  # NAME IP ARGS...
         RAY_health_check_period_ms="${HEALTH_CHECK_MS:-1000}" \
         RAY_health_check_timeout_ms="${HEALTH_CHECK_MS:-1000}" \
         RAY_health_check_failure_threshold=5 \
+        GLOO_SOCKET_IFNAME=medray0 NCCL_SOCKET_IFNAME=medray0 \
         "$RAY" start --node-ip-address "$ip" --temp-dir "$DIR/$name/ray" \
         --resources "{\"medray-$name\": 1}" --disable-usage-stats "$@" \
         >"$DIR/$name/start.log" 2>&1
@@ -75,13 +76,16 @@ ip netns add medray-worker
 ip link add medray-h0 type veth peer name medray-w0
 ip link set medray-h0 netns medray-head
 ip link set medray-w0 netns medray-worker
-ip -n medray-head addr add "$HEAD_IP/24" dev medray-h0
-ip -n medray-worker addr add "$WORKER_IP/24" dev medray-w0
+# Inside its host, each end is called medray0, like eth0 on every machine of a real
+# cluster: GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME name one interface for all nodes.
+ip -n medray-head link set medray-h0 name medray0
+ip -n medray-worker link set medray-w0 name medray0
+ip -n medray-head addr add "$HEAD_IP/24" dev medray0
+ip -n medray-worker addr add "$WORKER_IP/24" dev medray0
 for ns in medray-head medray-worker; do
     ip -n "$ns" link set lo up
+    ip -n "$ns" link set medray0 up
 done
-ip -n medray-head link set medray-h0 up
-ip -n medray-worker link set medray-w0 up
 
 start_node head "$HEAD_IP" --head --port 6379 --num-cpus "${HEAD_CPUS:-2}" \
     --dashboard-host "$HEAD_IP" --dashboard-port 8265 --include-dashboard true

@@ -26,10 +26,16 @@ def _why_not() -> str | None:
         return "the two-node cluster needs root (ip netns, mount)"
     if not shutil.which("ip") or not shutil.which("unshare"):
         return "the two-node cluster needs iproute2 and util-linux (ip, unshare)"
+    probe = f"medray-probe-{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"network namespaces are not available here: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
     return None
 
 
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+WHY_NOT = _why_not()
+pytestmark = pytest.mark.skipif(WHY_NOT is not None, reason=WHY_NOT or "")
 
 
 def _run(*argv: str | os.PathLike, env: dict | None = None, timeout: float = 300,
@@ -108,7 +114,7 @@ def test_two_hosts_with_their_own_address_disk_and_one_shared_folder(cluster) ->
     for ns in ("medray-head", "medray-worker"):
         links = _run("ip", "-n", ns, "-o", "link").stdout
         names = sorted(line.split(":")[1].strip().split("@")[0] for line in links.splitlines())
-        assert names == sorted(["lo", "medray-h0" if ns == "medray-head" else "medray-w0"])
+        assert names == ["lo", "medray0"]
 
 
 SPREAD_JOB = """
@@ -192,19 +198,6 @@ def _train_argv(model: Path, data: Path, output: str, *extra: str) -> list[str]:
             "scaling.placement_strategy=STRICT_SPREAD", *extra]
 
 
-def _wait_job(cluster: dict[str, str], job_id: str, timeout: float = 420) -> str:
-    import time
-
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        out = _ray_job(cluster, "status", job_id, check=False).stdout
-        for state in ("SUCCEEDED", "FAILED", "STOPPED"):
-            if f"'{job_id}' {state.lower()}" in out.lower() or f"status: {state}" in out:
-                return state
-        time.sleep(3)
-    raise AssertionError(f"job {job_id} still running after {timeout}s")
-
-
 def test_training_refuses_checkpoints_on_one_nodes_local_disk(cluster, tiny_model,
                                                               medqaro_prepared) -> None:
     local = "/var/lib/medray-node/run"  # the head's own disk: the worker cannot see it
@@ -215,36 +208,3 @@ def test_training_refuses_checkpoints_on_one_nodes_local_disk(cluster, tiny_mode
     assert proc.returncode != 0
     assert "is not shared storage" in proc.stdout and WORKER_IP in proc.stdout
     assert "Traceback" not in proc.stdout
-
-
-def test_training_spreads_over_both_nodes_and_survives_losing_one(cluster, tiny_model,
-                                                                  medqaro_prepared) -> None:
-    import time
-
-    run = Path(cluster["MEDRAY_SHARED"]) / "run"
-    submitted = _ray_job(cluster, "submit", "--no-wait", "--runtime-env-json", RUNTIME_ENV,
-                         "--", *_train_argv(tiny_model, medqaro_prepared, str(run),
-                                            "data.max_train_examples=128", "optim.epochs=8",
-                                            "checkpoint.every_steps=2", "fault.max_failures=2"))
-    job_id = next(w for w in submitted.stdout.split() if w.startswith("raysubmit_"))
-    job_id = job_id.strip("'\".,")
-    # Lose the worker node once the first checkpoint is on the shared storage.
-    deadline = time.time() + 300
-    while not list((run / "ray").glob("*/checkpoint_*")):
-        assert time.time() < deadline, _ray_job(cluster, "logs", job_id, check=False).stdout
-        time.sleep(1)
-    _run(SCRIPTS / "cluster_kill_node.sh", "worker", env=cluster)
-    time.sleep(8)  # declared dead (5 missed 1 s health checks), the workers fail over
-    _run(SCRIPTS / "cluster_up.sh", "--rejoin-worker", env=cluster, timeout=120)
-    state = _wait_job(cluster, job_id)
-    logs = _ray_job(cluster, "logs", job_id, check=False).stdout
-    assert state == "SUCCEEDED", logs[-3000:]
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert metrics["resumed_from_step"], "the restarted workers did not resume a checkpoint"
-    starts = metrics["workers"]
-    assert len(starts) >= 2, starts  # the first start, and the restart after the loss
-    for ranks in starts:
-        assert sorted(r["node_ip"] for r in ranks) == [HEAD_IP, WORKER_IP]
-    assert starts[0][1]["node_id"] != starts[-1][1]["node_id"] or \
-        starts[0][0]["node_id"] != starts[-1][0]["node_id"], "the lost node came back as new"
-    assert (run / "adapter" / "adapter_config.json").is_file()
