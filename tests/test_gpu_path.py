@@ -173,11 +173,14 @@ def _engine(tiny_model, tmp_path, *overrides: str):
     import torch
 
     from medray.train.loop import build_engine
+    from medray.train.plan import RunPlan
     from medray.train.presets import tiny_config
 
     cfg = tiny_config(tiny_model, tmp_path, ["optim.warmup_steps=0", *overrides])
     torch.manual_seed(0)
-    return build_engine(cfg, {"total_steps": 100}, 1, torch.device("cpu"))
+    plan = RunPlan(lora_targets="auto", n_train=0, n_val=0, train_ids=None, val_ids=None,
+                   steps_per_epoch_estimate=100, total_steps=100)
+    return build_engine(cfg, plan, 1, torch.device("cpu"))
 
 
 def test_bf16_run_keeps_rope_buffers_float32(tiny_model, tmp_path, process_group):
