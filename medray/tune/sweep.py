@@ -129,8 +129,8 @@ def preflight_sweep(plan: SweepPlan, log: Any = print) -> None:
     for label, raw in extreme_configs(plan):
         cfg = TrainConfig.model_validate(raw)
         # Only these sections reach the preflight: skip configs that differ elsewhere (lr).
-        key = json.dumps({k: raw[k] for k in ("model", "lora", "data")}, sort_keys=True,
-                         default=str)
+        key = json.dumps({k: raw.get(k) for k in ("model", "lora", "data", "prompt")},
+                         sort_keys=True, default=str)
         if key in seen:
             continue
         seen.add(key)
