@@ -60,7 +60,7 @@ def _start_and_interrupt(cmd: list[str], exp: Path, log_path: Path) -> tuple[dic
     t0 = time.monotonic()
     try:
         finished: dict[str, str] = {}
-        while time.monotonic() - t0 < 300 and proc.poll() is None:
+        while time.monotonic() - t0 < 720 and proc.poll() is None:
             finished = {t: s for t, s in snapshot_statuses(exp).items() if s == "TERMINATED"}
             if finished:
                 break
