@@ -56,14 +56,21 @@ def fail(message: str, code: int = 2) -> None:
 class Display:
     """Stages with their times, progress bars, and plain result lines."""
 
-    def __init__(self, console: Console, log_path: Path | None) -> None:
+    def __init__(self, console: Console, log_path: Path | None,
+                 log: IO[str] | None = None) -> None:
         self.console = console
         self.log_path = log_path
+        self.log = log  # the log file gets the person's lines too: one complete record
         self.current: str | None = None
         self.timings: dict[str, float] = {}
 
+    def _record(self, message: str) -> None:
+        if self.log is not None and not self.log.closed:
+            self.log.write(f"[medray] {message}\n")
+
     def print(self, message: str) -> None:
         self.console.print(message, markup=False, highlight=False)
+        self._record(message)
 
     @contextmanager
     def stage(self, title: str) -> Iterator[None]:
@@ -71,6 +78,7 @@ class Display:
         yield
         self.timings[title] = time.monotonic() - start
         self.console.print(f"[green]✓[/green] {title} [dim]({self.timings[title]:.0f} s)[/dim]")
+        self._record(f"done: {title} ({self.timings[title]:.0f} s)")
         self.current = None
 
     def progress(self) -> Progress:
@@ -166,7 +174,7 @@ def command_console(name: str, log_dir: Path, *, verbose: bool = False) -> Itera
         failure: BaseException | None = None
         with _redirect_fds(log) as console:
             _TERMINAL = console
-            display = Display(console, log_path)
+            display = Display(console, log_path, log)
             try:
                 yield display
             except (typer.Exit, typer.Abort, SystemExit) as exc:
