@@ -71,7 +71,7 @@ def test_trainer_uses_the_device_backend(tiny_model, tmp_path):
 
     for use_gpu, backend in ((True, "cpu:gloo,cuda:nccl"), (False, "gloo")):
         cfg = tiny_config(tiny_model, tmp_path, [f"scaling.use_gpu={str(use_gpu).lower()}"])
-        trainer = build_trainer(cfg, tmp_path, {"total_steps": 1}, None, {})
+        trainer = build_trainer(cfg, tmp_path, {"total_steps": 1}, {})
         assert trainer.backend_config.backend == backend
 
 

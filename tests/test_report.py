@@ -53,6 +53,19 @@ def test_report_tables_and_plots(ray_session, medqaro_prepared, tmp_path):
     tex = (out / "results.tex").read_text()
     assert "\\begin{tabular}" in tex and "random-token" in tex
 
+    # Generative breakdowns and hard items (token F1 of 0 for both runs), same CLI.
+    study = tmp_path / "study"
+    res = CliRunner().invoke(app, ["report", *runs, "--out", str(study), "--by",
+                                   "question_type", "--hard-items", "--resamples", "50"])
+    assert res.exit_code == 0, res.output
+    by = pd.read_csv(study / "breakdown.csv")
+    assert set(by["value"]) == {"binary", "extractive", "reasoning"}
+    assert {"f1", "f1_lo", "f1_hi", "em"} <= set(by.columns)
+    for run, group in by.groupby("run"):
+        assert group["n"].sum() == saved["metrics"]["medqaro"]["n"], run
+    hard_md = (study / "hard_items.md").read_text()
+    assert "token F1 of 0" in hard_md and "| question_type |" in hard_md
+
     # A run directory without metrics.json is a clear error, exit status 2.
     (tmp_path / "empty").mkdir()
     res = CliRunner().invoke(app, ["report", str(tmp_path / "empty"), "--out", str(out)])
@@ -108,3 +121,60 @@ def test_report_mixes_generative_and_mcq_runs_of_every_path(tiny_model, medqaro_
     table = md.split("\n## ")[0]
     assert table.count("| europemedqa |") == 2 and table.count("| medqaro |") == 1
     assert "| f1 |" in table and "| accuracy |" in table
+
+
+def test_study_report_on_the_real_italian_slice(shared_data, tmp_path):
+    """EuropeMedQA's analyses from two seeded random-letter runs over the real Italian SSM
+    slice (1,060 text-only items): per specialty, year, gold letter and country with CIs,
+    and the items both runs miss. In-process baselines: no Ray, no model (~20 s)."""
+    data = tmp_path / "emq"
+    res = CliRunner().invoke(app, [
+        "data", "prepare", "--dataset", "europemedqa", "--out", str(data),
+        "--input", str(shared_data / "europemedqa" / "ssm_questions_text_only.json")])
+    assert res.exit_code == 0, res.output
+    # The majority-letter baseline needs a train split, which EuropeMedQA has not: refused.
+    res = CliRunner().invoke(app, ["eval", "--engine", "baseline:majority", "--data",
+                                   str(data), "--output", str(tmp_path / "majority")])
+    assert res.exit_code == 2 and "train split" in res.output, res.output
+    assert not (tmp_path / "majority").exists()
+    runs = [tmp_path / "random-0", tmp_path / "random-1"]
+    for seed, run in enumerate(runs):
+        cfg = tmp_path / f"random-{seed}.yaml"
+        cfg.write_text(yaml.safe_dump({"data": str(data), "engine": {
+            "kind": "baseline", "baseline": "random", "seed": seed}}))
+        res = CliRunner().invoke(app, ["eval", "-c", str(cfg), "-o", str(run)])
+        assert res.exit_code == 0, res.output
+
+    out = tmp_path / "study"
+    res = CliRunner().invoke(app, ["report", *map(str, runs), "--out", str(out), "--by",
+                                   "specialty,year,gold_letter,country", "--hard-items",
+                                   "--resamples", "200"])
+    assert res.exit_code == 0, res.output
+    by = pd.read_csv(out / "breakdown.csv")
+    assert set(by["field"]) == {"specialty", "year", "gold_letter", "country"}
+    assert set(by["run"]) == {"random-0", "random-1"}
+    for (run, field), group in by.groupby(["run", "field"]):  # groups partition the items
+        assert group["n"].sum() == 1060, (run, field)
+    assert set(by.loc[by["field"] == "country", "value"]) == {"IT"}
+    assert "2017" in set(by.loc[by["field"] == "year", "value"].astype(str))
+    letters = by[(by["field"] == "gold_letter") & (by["run"] == "random-0")]
+    # after the seeded option shuffle the key is spread over the five letters
+    assert set(letters["value"]) == set("ABCDE") and letters["n"].max() < 0.4 * 1060
+    cardio = by[(by["field"] == "specialty") & (by["value"] == "Cardiology")]
+    assert list(cardio["n"]) == [84, 84]
+    assert (cardio["accuracy_lo"] <= cardio["accuracy"]).all()
+    assert (cardio["accuracy"] <= cardio["accuracy_hi"]).all()
+    md = (out / "breakdown.md").read_text()
+    assert "## By specialty" in md and "## By gold_letter" in md and " [" in md
+
+    # the hard items are exactly those both seeds answer wrong
+    gold = {r["id"]: "".join(r["answer"]) for r in
+            map(json.loads, (runs[0] / "references.jsonl").open())}
+    wrong = [{r["id"] for r in map(json.loads, (run / "predictions.jsonl").open())
+              if r["prediction"] != gold[r["id"]]} for run in runs]
+    hard = pd.read_csv(out / "hard_items.csv")
+    assert set(hard["id"]) == wrong[0] & wrong[1] and len(hard) > 0
+    head = (out / "hard_items.md").read_text().splitlines()[0]
+    assert head == f"# Items every run misses: {len(hard)} of 1060 items common to 2 runs " \
+                   "(random-0, random-1)"
+    assert "Items every run misses" in res.output

@@ -283,17 +283,30 @@ def report_cmd(
                     ] = MetricMode.medqaro,
     force: Annotated[bool, typer.Option(
         help="replace --out even if it is a non-empty folder medray did not create")] = False,
+    by: Annotated[str | None, typer.Option(
+        "--by", help="comma-separated breakdown fields, each with CIs: country, modality, "
+        "language, specialty, year, gold_letter, kind, question_type, grade, stage, or any "
+        "column or meta key of the items")] = None,
+    hard_items: Annotated[bool, typer.Option(
+        "--hard-items", help="list the items every given run misses, counted per --by field "
+        "(default: per kind / question type)")] = False,
+    resamples: Annotated[int, typer.Option(min=1, help="bootstrap resamples of the "
+                                                       "breakdowns")] = 1000,
 ) -> None:
     """Paper-style tables (Markdown, CSV, LaTeX) and PNG plots from evaluation runs, generative
-    and multiple-choice runs in one table."""
+    and multiple-choice runs in one table; per-field breakdowns and the items all runs miss."""
     from medray.eval.report import ReportError, write_report
     from medray.fsutil import OutputRefused
 
+    fields = [f.strip() for f in (by or "").split(",") if f.strip()]
     try:
-        files = write_report(runs, out, mode=str(mode), force=force)
+        files = write_report(runs, out, mode=str(mode), force=force, by=fields,
+                             hard=hard_items, resamples=resamples)
     except (ReportError, OutputRefused) as err:
         fail(str(err))
     typer.echo((out / "results.md").read_text().split("\n## ")[0].rstrip())
+    if hard_items:
+        typer.echo("\n" + (out / "hard_items.md").read_text().splitlines()[0].lstrip("# "))
     typer.echo("\nwritten: " + ", ".join(str(f) for f in files))
 
 

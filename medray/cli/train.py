@@ -85,10 +85,21 @@ def train(
     if initial is not None:
         out.print(f"val_loss before training {initial:.4f}", markup=False)
     for rec in metrics["epochs"]:
+        if "val_accuracy" in rec:  # multiple choice
+            kinds = " ".join(f"{k[len('val_accuracy_'):]} {v:.3f}" for k, v in rec.items()
+                             if k.startswith("val_accuracy_"))
+            scores = (f"val_accuracy {rec['val_accuracy']:.4f} ({kinds}) "
+                      f"conforming {rec['val_conforming']:.2f}")
+        else:
+            scores = (f"val_f1 {rec.get('val_f1', float('nan')):.4f} "
+                      f"val_em {rec.get('val_em', float('nan')):.4f}")
         out.print(f"epoch {rec['epoch']}: train_loss {rec['train_loss']:.4f} "
-                  f"val_loss {rec['val_loss']:.4f} val_f1 {rec.get('val_f1', float('nan')):.4f} "
-                  f"val_em {rec.get('val_em', float('nan')):.4f} "
+                  f"val_loss {rec['val_loss']:.4f} {scores} "
                   f"tokens/s {rec['tokens_per_s']:.0f}", markup=False)
+    if metrics.get("evaluations"):
+        best = metrics["exported"]["record"] or {}
+        out.print(f"{len(metrics['evaluations'])} evaluations between epochs "
+                  f"(optim.eval_every_steps); exported step {best.get('step')}", markup=False)
     out.print(f"({metrics['how']})", markup=False)
     out.print(f"adapter: {metrics['adapter']}\nmetrics: {output / 'metrics.json'}\n"
               f"logs: {output / 'logs'}\n"

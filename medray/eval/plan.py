@@ -73,6 +73,11 @@ def plan_eval(cfg: EvalConfig, *, engine: Any = None, dry_run: bool = False) -> 
         if not dry_run:
             raise
         governance = {"flag_required": True, "would_refuse": str(err)}
+    if spec.kind == "baseline" and spec.baseline == "majority" \
+            and "train" not in data.manifest["splits"]:
+        raise ValueError(f"engine baseline:majority takes its answer from the train split; "
+                         f"{cfg.data} ({data.dataset}) has only "
+                         f"{', '.join(sorted(data.manifest['splits']))}: use baseline:random")
     items = sample_rows(data.split(cfg.split), cfg.sample, cfg.seed)
     if cfg.limit:
         items = items.iloc[: cfg.limit].reset_index(drop=True)

@@ -85,7 +85,7 @@ def rows_from_runs(runs: Sequence[Path], mode: str = "medqaro") -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-COUNT_COLUMNS = ("n", "context_tokens")
+COUNT_COLUMNS = ("n", "context_tokens", "n_conforming", "n_hard")
 
 
 def _cell(v: object, column: str = "") -> str:
@@ -181,14 +181,62 @@ def plot_question_types(rows: pd.DataFrame, out: Path, metric: str = "f1") -> Pa
 
 
 def write_report(runs: Sequence[Path], out: str | os.PathLike, mode: str = "medqaro",
-                 force: bool = False) -> list[Path]:
-    """Write the tables and plots as the folder `out` (swapped in whole; the runs are inputs)."""
+                 force: bool = False, by: Sequence[str] = (), hard: bool = False,
+                 resamples: int = 1000) -> list[Path]:
+    """Write the tables and plots as the folder `out` (swapped in whole; the runs are inputs);
+    `by`: breakdown tables per field, `hard`: the items every run misses."""
     out = Path(out)
     check_output(out, runs, force)  # before reading: a refused --out costs nothing
     rows = rows_from_runs(runs, mode)
+    study = _study(runs, rows, mode, by, hard, resamples)
     with atomic_directory(out, inputs=runs, force=force, command="report") as tmp:
         files = _write_tables(rows, tmp, mode)
+        files += _write_study(study, tmp, mode)
     return [out / f.name for f in files]
+
+
+def _study(runs: Sequence[Path], rows: pd.DataFrame, mode: str, by: Sequence[str],
+           hard: bool, resamples: int) -> dict:
+    from medray.eval.breakdown import BreakdownError, breakdown_rows, hard_items
+    from medray.eval.score import ScoreInputError
+
+    study: dict = {}
+    try:
+        if by:
+            study["by"] = breakdown_rows(runs, by, mode, n_resamples=resamples)
+        if hard:
+            fields = list(by) or (["kind"] if (rows["kind"] == "mcq").all()
+                                  else ["question_type"])
+            study["hard"] = hard_items(runs, fields, mode)
+    except (BreakdownError, ScoreInputError) as err:
+        raise ReportError(str(err)) from None
+    return study
+
+
+def _write_study(study: dict, out: Path, mode: str) -> list[Path]:
+    files = []
+    if "by" in study:
+        table = study["by"]
+        parts = [f"# Breakdowns ({mode} metric mode for generative runs; multiple choice: "
+                 "accuracy over conforming outputs, conforming share over all items; "
+                 "fractions, mean [95% bootstrap CI])\n"]
+        for field, group in table.groupby("field", sort=False):
+            shown = with_cis(group.drop(columns="field").reset_index(drop=True))
+            parts.append(f"## By {field}\n\n" + to_markdown(shown.dropna(axis=1, how="all")))
+        (out / "breakdown.md").write_text("\n".join(parts))
+        table.to_csv(out / "breakdown.csv", index=False)
+        files += [out / "breakdown.md", out / "breakdown.csv"]
+    if "hard" in study:
+        items, counts, how = study["hard"]
+        head = (f"# Items every run misses: {how['n_hard']} of {how['n_common_items']} "
+                f"items common to {len(how['runs'])} runs ({', '.join(how['runs'])})\n\n"
+                f"Missed: {how['miss_rule']}.\n\n")
+        (out / "hard_items.md").write_text(
+            head + "## Per field value\n\n" + to_markdown(counts)
+            + "\n## The items\n\n" + (to_markdown(items) if len(items) else "none\n"))
+        items.to_csv(out / "hard_items.csv", index=False)
+        files += [out / "hard_items.md", out / "hard_items.csv"]
+    return files
 
 
 def _write_tables(rows: pd.DataFrame, out: Path, mode: str) -> list[Path]:

@@ -9,12 +9,14 @@ table supplies answers, patients (for the cluster bootstrap) and breakdown field
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
 
 MCQ_DERIVED = ("has_image", "text_only")
+DERIVED = ("gold_letter", "modality", "country", "year")
 
 
 class ScoreInputError(ValueError):
@@ -127,19 +129,43 @@ def references_from_prepared(data_dir: str | Path) -> tuple[pd.DataFrame, dict]:
     return ex, data.manifest
 
 
+def _meta(table: pd.DataFrame) -> list[dict]:
+    return [json.loads(m) if isinstance(m, str) and m else (m if isinstance(m, dict) else {})
+            for m in table.get("meta", pd.Series([{}] * len(table)))]
+
+
+def _derived(table: pd.DataFrame, field: str, metas: list[dict]) -> list[str] | None:
+    """Breakdown fields computed from an item rather than stored with it."""
+    if field == "gold_letter" and "option_labels" in table:  # the positional check
+        return ["".join(sorted(map(str, a))) for a in table["answer"]]
+    if field == "modality" and "images" in table:
+        return ["with_images" if imgs is not None and len(imgs) else "text_only"
+                for imgs in table["images"]]
+    if field == "country":  # EuropeMedQA: the id's country prefix (IT0001 -> IT)
+        return [str(m.get("country") or re.match(r"[A-Za-z]*", str(i)).group(0).upper()
+                    or "unknown") for m, i in zip(metas, table["id"], strict=True)]
+    if field == "year" and any("test_year" in m for m in metas):
+        return [str(m.get("test_year", "unknown")) for m in metas]
+    return None
+
+
 def add_meta_fields(table: pd.DataFrame, fields: Sequence[str], source: str) -> pd.DataFrame:
-    """Resolve each ``--by`` field from a column or from the ``meta`` JSON."""
+    """Resolve each ``--by`` field from a column, the ``meta`` JSON or the item itself
+    (``gold_letter``, ``modality``, ``country``, ``year``: see `_derived`)."""
     missing = [f for f in fields if f not in table.columns]
     if not missing:
         return table
-    metas = [json.loads(m) if isinstance(m, str) and m else (m or {})
-             for m in table.get("meta", pd.Series([{}] * len(table)))]
+    metas = _meta(table)
     for f in missing:
+        derived = _derived(table, f, metas)
+        if derived is not None:
+            table[f] = derived
+            continue
         if not any(f in m for m in metas):
             cols = sorted(c for c in table.columns if c not in ("answers", "meta"))
             keys = sorted({k for m in metas for k in m})
             raise ScoreInputError(source, f"unknown --by field {f!r}; columns: {cols}, "
-                                          f"meta keys: {keys}")
+                                          f"meta keys: {keys}, derived: {list(DERIVED)}")
         table[f] = [str(m.get(f, "unknown")) for m in metas]
     return table
 
@@ -172,6 +198,22 @@ def align(preds: pd.DataFrame, refs: pd.DataFrame, pred_path: str | Path,
     return merged.reset_index(drop=True)
 
 
+def scoring_table(predictions: str | Path, references: str | Path | None = None,
+                  data: str | Path | None = None, splits: Sequence[str] | None = None,
+                  ) -> tuple[pd.DataFrame, dict, str]:
+    """(predictions aligned with their references, the prepared manifest, the source)."""
+    if (references is None) == (data is None):
+        raise ValueError("give exactly one of --references or --data")
+    preds = load_predictions(predictions)
+    manifest: dict = {}
+    if data is not None:
+        refs, manifest = references_from_prepared(data)
+        source = str(data)
+    else:
+        refs, source = load_references(references), str(references)
+    return align(preds, refs, predictions, splits), manifest, source
+
+
 def run_score(
     predictions: str | Path,
     references: str | Path | None = None,
@@ -188,16 +230,7 @@ def run_score(
 ) -> dict:
     from medray.eval.metrics.aggregate import score_generative, score_mcq
 
-    if (references is None) == (data is None):
-        raise ValueError("give exactly one of --references or --data")
-    preds = load_predictions(predictions)
-    manifest: dict = {}
-    if data is not None:
-        refs, manifest = references_from_prepared(data)
-        source = str(data)
-    else:
-        refs, source = load_references(references), str(references)
-    table = align(preds, refs, predictions, splits)
+    table, manifest, source = scoring_table(predictions, references, data, splits)
     table = add_meta_fields(table, by, source)
     is_mcq = manifest.get("kind") == "mcq" or "option_labels" in table.columns
     if is_mcq:

@@ -70,6 +70,9 @@ class OptimConfig(_Strict):
     grad_accum: int = Field(8, ge=1)
     epochs: int = Field(3, ge=1)
     max_steps: int | None = Field(None, ge=1)  # optimiser steps; caps the schedule
+    # Validate (and checkpoint, scored by checkpoint.metric) every N optimiser steps too,
+    # not only at epoch ends: the RoBiology recipe measures accuracy every 100 steps.
+    eval_every_steps: int | None = Field(None, ge=1)
     grad_clip: float = Field(1.0, ge=0)
     seed: int = 42
 

@@ -112,17 +112,25 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: RunPlan, tokenize
         padded = mine + [items[0]] * (per - len(mine))
         hf = HFEngine(engine.module, tokenizer=tokenizer, batch_size=8,
                       synced_gpus=cfg.deepspeed.stage == 3 and world > 1)
-        gens = hf.generate_ids([it["prompt_ids"] for it in padded],
-                               max_new_tokens=cfg.prompt.max_new_tokens)
-        local = [(it["answer"], g.text) for it, g in zip(mine, gens, strict=False)]
+        multiple_choice = "mcq" in items[0]
+        budget = (max(it["max_new_tokens"] for it in items) if multiple_choice
+                  else cfg.prompt.max_new_tokens)
+        gens = hf.generate_ids([it["prompt_ids"] for it in padded], max_new_tokens=budget)
+        local = [(it["mcq"] if multiple_choice else it["answer"], g.text)
+                 for it, g in zip(mine, gens, strict=False)]
         gathered: list[Any] = [None] * world
         if dist.is_initialized():
             dist.all_gather_object(gathered, local)
         else:
             gathered = [local]
         pairs = [p for part in gathered for p in part]
-        metrics["val_f1"] = sum(f1_medqaro(p, r) for r, p in pairs) / len(pairs)
-        metrics["val_em"] = sum(em_medqaro(p, r) for r, p in pairs) / len(pairs)
+        if multiple_choice:
+            from medray.train.mcq import accuracy
+
+            metrics.update(accuracy(pairs))
+        else:
+            metrics["val_f1"] = sum(f1_medqaro(p, r) for r, p in pairs) / len(pairs)
+            metrics["val_em"] = sum(em_medqaro(p, r) for r, p in pairs) / len(pairs)
         metrics["val_generated"] = len(pairs)
     engine.train()
     return metrics
@@ -217,6 +225,7 @@ class WorkerRun:
                         self.rank, self.world, self.device)
 
     def checkpoint(self, record: dict) -> None:
+        self.state["checkpoint_record"] = record  # what `medray train` reports as exported
         save_checkpoint(self.engine, self.model, self.tokenizer, self.state, self.cfg, record,
                         self.rank, self.world, self.writer)
 
@@ -311,8 +320,15 @@ def train_epoch(run: WorkerRun) -> tuple[float, float, float, float]:
             run.writer.add_scalar("train/loss", loss, step)
             run.writer.add_scalar("train/lr", lr, step)
         _maybe_kill(cfg, run.rank, step)
-        every = cfg.checkpoint.every_steps
-        if every and step % every == 0 and step < total_steps:
+        every, every_eval = cfg.checkpoint.every_steps, cfg.optim.eval_every_steps
+        if every_eval and step % every_eval == 0 and step < total_steps:
+            # every rank evaluates at the same step (the metrics are all-reduced)
+            record = {"step": step, "epoch": epoch, "train_loss": loss, **run.evaluate()}
+            state.setdefault("evaluations", []).append(record)
+            _log(run.rank, _summary(record))
+            _to_tensorboard(run, record, step)
+            run.checkpoint(record)
+        elif every and step % every == 0 and step < total_steps:
             run.checkpoint({"step": step, "epoch": epoch, "train_loss": loss})
         if step >= total_steps:
             break
@@ -328,21 +344,34 @@ def end_epoch(run: WorkerRun, loss_sum: float, n_micro: float, tokens: float,
     t_eval = time.perf_counter()
     val = run.evaluate()
     _log(run.rank, f"epoch {epoch + 1}: train {elapsed:.1f}s, validation "
-                   f"{time.perf_counter() - t_eval:.1f}s, val_loss {val['val_loss']:.4f}, "
-                   f"val_f1 {val.get('val_f1', float('nan')):.4f} (medqaro mode)")
+                   f"{time.perf_counter() - t_eval:.1f}s, {_summary(val)}")
     record = {"epoch": epoch + 1, "step": engine.global_steps,
               "train_loss": loss_sum / max(n_micro, 1.0),
               "tokens_per_s": tokens / max(elapsed, 1e-9), "train_tokens": tokens,
               "seconds": elapsed, **val}
     run.state["history"].append(record)
     run.state["epoch"], run.state["micro_in_epoch"] = epoch + 1, 0
-    if run.writer:
-        for k in ("val_loss", "val_f1", "val_em", "tokens_per_s"):
-            if k in record:
-                run.writer.add_scalar(f"val/{k}" if k.startswith("val") else f"train/{k}",
-                                      record[k], engine.global_steps)
-        run.writer.flush()
+    _to_tensorboard(run, record, engine.global_steps)
     run.checkpoint(record)
+
+
+def _summary(val: dict) -> str:
+    if "val_accuracy" in val:
+        return (f"val_loss {val['val_loss']:.4f}, val_accuracy {val['val_accuracy']:.4f} "
+                f"(all-correct rule), conforming {val['val_conforming']:.2f}")
+    return (f"val_loss {val['val_loss']:.4f}, val_f1 {val.get('val_f1', float('nan')):.4f} "
+            "(medqaro mode)")
+
+
+def _to_tensorboard(run: WorkerRun, record: dict, step: int) -> None:
+    if not run.writer:
+        return
+    for k, v in record.items():
+        if k.startswith("val_") and k not in ("val_tokens", "val_generated"):
+            run.writer.add_scalar(f"val/{k[4:]}", v, step)
+    if "tokens_per_s" in record:
+        run.writer.add_scalar("train/tokens_per_s", record["tokens_per_s"], step)
+    run.writer.flush()
 
 
 def train_loop_per_worker(config: dict) -> None:

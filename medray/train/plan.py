@@ -26,6 +26,9 @@ class Preflight:
     # (the schedule is sized from them once the epicrises are tokenised).
     train_rooms: list[int] = field(repr=False)
     train_context_ids: list[str] = field(repr=False)
+    kind: str = "generative"  # or "mcq": multiple-choice items, no epicrises
+    # multiple choice: each training example's exact length (prompt + key + EOS)
+    train_lengths: list[int] = field(default_factory=list, repr=False)
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,9 @@ class RunPlan:
     cache_dir: str | None = None
     tensorboard_dir: str | None = None
     progress_board: str | None = None  # the driver's progress board actor, if it draws one
-    # The fixed validation subset: {"id", "answer", "prompt_ids"} (the served prompt).
+    kind: str = "generative"  # or "mcq"
+    # The fixed validation subset: {"id", "answer", "prompt_ids"} (the served prompt);
+    # multiple choice: {"id", "mcq", "prompt_ids", "max_new_tokens"} (medray.train.mcq).
     val_generate: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def summary(self) -> dict[str, Any]:

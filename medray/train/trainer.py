@@ -32,6 +32,15 @@ MEDQARO_METRIC_NOTE = (
 )
 
 
+MCQ_METRIC_NOTE = (
+    "val_accuracy: greedy reply read by the evaluation's extractor, correct when conforming "
+    "and the exact set of key letters (all-correct rule; non-conforming counted wrong), on "
+    "the first data.val_generate_examples validation items (sorted by id), per kind as "
+    "val_accuracy_<kind>; val_conforming: conforming share; val_loss: token-weighted "
+    "cross-entropy over the key letters + EOS of the validation split"
+)
+
+
 def preflight(cfg: TrainConfig) -> Preflight:
     """Every check that can fail before workers start; returns the run plan."""
     from medray.data.prepared import load_prepared
@@ -66,20 +75,28 @@ def preflight(cfg: TrainConfig) -> Preflight:
         raise FileNotFoundError(f"data.path {str(data_dir)!r}: not a prepared dataset "
                                 "(no manifest.json); run `medray data prepare` first")
     data = load_prepared(data_dir)
-    if data.kind != "generative" or data.contexts is None:
-        raise ValueError(f"data.path {str(data_dir)!r}: training needs a generative dataset "
-                         f"with contexts (got {data.dataset}, kind {data.kind})")
+    if data.kind == "generative" and data.contexts is None:
+        raise ValueError(f"data.path {str(data_dir)!r}: generative training needs the "
+                         f"epicrises (contexts table); {data.dataset} has none")
     for split in (cfg.data.train_split, cfg.data.val_split):
         if split not in data.manifest["splits"]:
             raise ValueError(f"data split {split!r} not in {sorted(data.manifest['splits'])}")
     tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
-    train = data.split(cfg.data.train_split).sort_values("id")
-    val = data.split(cfg.data.val_split).sort_values("id")
-    if cfg.data.max_train_examples:
-        train = train.head(cfg.data.max_train_examples)
-    if cfg.data.max_val_examples:
-        val = val.head(cfg.data.max_val_examples)
+    train, val = _selected(cfg, data)
     spec = cfg.prompt  # reserve = max_new_tokens: training prompts = served prompts
+    common = {"lora_targets": targets, "n_train": len(train), "n_val": len(val),
+              "train_ids": train["id"].tolist() if cfg.data.max_train_examples else None,
+              "val_ids": val["id"].tolist() if cfg.data.max_val_examples else None,
+              "val_gen_ids": val["id"].tolist()[: cfg.data.val_generate_examples]}
+    if data.kind == "mcq":
+        from medray.train import mcq
+
+        for split, items in ((cfg.data.train_split, train), (cfg.data.val_split, val)):
+            mcq.check_items(items, split, f"data.path {str(data_dir)!r}")
+        mcq.examples_frame(tokenizer, val, spec)  # every budget error before workers start
+        lengths = mcq.examples_frame(tokenizer, train, spec)["n_tokens"].tolist()
+        return Preflight(**common, train_rooms=[], train_context_ids=[], kind="mcq",
+                         train_lengths=lengths)
     check_budget(tokenizer, train, spec)
     check_budget(tokenizer, val, spec)
 
@@ -88,19 +105,25 @@ def preflight(cfg: TrainConfig) -> Preflight:
     rooms = [spec.context_room(prompt_pieces(tokenizer, r.question, spec),
                                len(answer_ids(tokenizer, r.answer)))
              for r in train.itertuples(index=False)]
-    return Preflight(
-        lora_targets=targets, n_train=len(train), n_val=len(val),
-        train_ids=train["id"].tolist() if cfg.data.max_train_examples else None,
-        val_ids=val["id"].tolist() if cfg.data.max_val_examples else None,
-        val_gen_ids=val["id"].tolist()[: cfg.data.val_generate_examples],
-        train_rooms=rooms, train_context_ids=train["context_id"].tolist(),
-    )
+    return Preflight(**common, train_rooms=rooms,
+                     train_context_ids=train["context_id"].tolist())
+
+
+def _selected(cfg: TrainConfig, data: Any) -> tuple[Any, Any]:
+    """The train and validation items of the run, sorted by id (data.max_*_examples)."""
+    train = data.split(cfg.data.train_split).sort_values("id")
+    val = data.split(cfg.data.val_split).sort_values("id")
+    if cfg.data.max_train_examples:
+        train = train.head(cfg.data.max_train_examples)
+    if cfg.data.max_val_examples:
+        val = val.head(cfg.data.max_val_examples)
+    return train, val
 
 
 def schedule(cfg: TrainConfig, checked: Preflight, contexts: dict) -> RunPlan:
     """The plan with optimiser steps per epoch and in total, from exact example lengths."""
     n_ctx = cfg.prompt.context_tokens
-    lengths = []
+    lengths = list(checked.train_lengths)
     for room, cid in zip(checked.train_rooms, checked.train_context_ids, strict=True):
         fixed, n = n_ctx - room, len(contexts[cid])  # prompt without context + answer room
         if cfg.prompt.strategy == "chunks":  # one example per chunk of the context room
@@ -120,6 +143,7 @@ def schedule(cfg: TrainConfig, checked: Preflight, contexts: dict) -> RunPlan:
         train_ids=checked.train_ids, val_ids=checked.val_ids,
         steps_per_epoch_estimate=per_epoch,
         total_steps=min(total, cfg.optim.max_steps) if cfg.optim.max_steps else total,
+        kind=checked.kind,
     )
 
 
@@ -149,8 +173,8 @@ def checkpoint_storage(cfg: TrainConfig, output: Path) -> str:
     return str(Path(where).resolve() if where else (output / "ray").resolve())
 
 
-def build_trainer(cfg: TrainConfig, output: Path, plan: RunPlan, contexts_ref: Any,
-                  datasets: dict[str, Any], callbacks: Sequence[Any] = ()) -> Any:
+def build_trainer(cfg: TrainConfig, output: Path, plan: RunPlan, datasets: dict[str, Any],
+                  callbacks: Sequence[Any] = ()) -> Any:
     from ray.train import CheckpointConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
@@ -199,6 +223,24 @@ def _datasets(cfg: TrainConfig, plan: RunPlan, contexts: dict,
     return {"train": train, "val": ray.data.from_pandas(assembler(val))}
 
 
+def _mcq_datasets(cfg: TrainConfig, checked: Preflight) -> tuple[dict[str, Any], list[dict]]:
+    """Multiple choice: a few thousand short items, assembled here once (no epicrises to
+    share), handed to Ray Data for the workers' shards; and the greedy validation subset."""
+    import ray
+
+    from medray.data.prepared import load_prepared
+    from medray.models import load_tokenizer
+    from medray.train import mcq
+
+    tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    train, val = _selected(cfg, load_prepared(cfg.data.path))
+    frames = {name: mcq.examples_frame(tokenizer, items, cfg.prompt)
+              for name, items in (("train", train), ("val", val))}
+    generate = val[val["id"].isin(set(checked.val_gen_ids))]
+    return ({name: ray.data.from_pandas(frame) for name, frame in frames.items()},
+            mcq.val_generate_items(tokenizer, generate, cfg.prompt))
+
+
 def resolve_cache_dir(cfg: TrainConfig, output: Path) -> str:
     """model.cache_dir, by default OUTPUT/hf-cache: on the run's shared storage, so all
     workers and every restart reuse one download. The config keeps what the user wrote
@@ -229,19 +271,26 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     log(f"preflight ok: {checked.n_train} train / {checked.n_val} val examples, "
         f"LoRA targets {checked.lora_targets}")
 
-    contexts = context_table(tokenize_contexts(cfg.data.path, cfg.model.name_or_path,
-                                               concurrency=cfg.data.tokenize_actors))
-    plan = schedule(cfg, checked, contexts)
-    log(f"tokenised {len(contexts)} epicrises once each (Ray Data actor pool); "
-        f"~{plan.total_steps} optimiser steps planned")
-    contexts_ref = ray.put(contexts)
+    if checked.kind == "mcq":
+        plan = schedule(cfg, checked, {})
+        datasets, val_generate = _mcq_datasets(cfg, checked)
+        log(f"assembled {checked.n_train} multiple-choice examples (the evaluation's prompt "
+            f"per kind, key letters + EOS as target); ~{plan.total_steps} optimiser steps "
+            "planned")
+    else:
+        contexts = context_table(tokenize_contexts(cfg.data.path, cfg.model.name_or_path,
+                                                   concurrency=cfg.data.tokenize_actors))
+        plan = schedule(cfg, checked, contexts)
+        log(f"tokenised {len(contexts)} epicrises once each (Ray Data actor pool); "
+            f"~{plan.total_steps} optimiser steps planned")
+        contexts_ref = ray.put(contexts)
+        datasets = _datasets(cfg, plan, contexts, contexts_ref)
+        val_generate = _val_generate_items(cfg, checked.val_gen_ids, contexts)
     board = TrainingBoard() if display is not None else None
     plan = replace(plan, cache_dir=resolve_cache_dir(cfg, output),
                    tensorboard_dir=str((output / "tensorboard").resolve()),
-                   progress_board=board.name if board else None,
-                   val_generate=_val_generate_items(cfg, checked.val_gen_ids, contexts))
-    trainer = build_trainer(cfg, output, plan, contexts_ref,
-                            _datasets(cfg, plan, contexts, contexts_ref), callbacks)
+                   progress_board=board.name if board else None, val_generate=val_generate)
+    trainer = build_trainer(cfg, output, plan, datasets, callbacks)
     with board.shown(display) if board else nullcontext():
         result = trainer.fit()
     if result.error:
@@ -263,19 +312,21 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
             shutil.copytree(Path(d) / "tensorboard", output / "tensorboard")
     with best.as_directory() as d:
         export_adapter(d, output / "adapter", prompt=cfg.prompt)
-        exported_step = load_state(d).get("history", [{}])[-1:]
+        exported_record = load_state(d).get("checkpoint_record")
     metrics = {
         "model": cfg.model.name_or_path,
         "dataset": cfg.data.path,
         "adapter": str((output / "adapter").resolve()),
         "exported": {"which": cfg.checkpoint.export, "checkpoint": best.path,
-                     "epoch_record": exported_step[0] if exported_step else None},
+                     "record": exported_record},  # the metrics it was saved with
         "initial": state.get("initial"),
         "epochs": state["history"],
         "resumed_from_step": state.get("resumed_from"),
         # Where each rank ran, per (re)start of the workers: node IP and Ray node id.
         "workers": state.get("workers", []),
-        "how": MEDQARO_METRIC_NOTE + "; tokens_per_s: non-padding tokens of all workers / "
+        "evaluations": state.get("evaluations", []),  # optim.eval_every_steps
+        "how": (MCQ_METRIC_NOTE if checked.kind == "mcq" else MEDQARO_METRIC_NOTE)
+               + "; tokens_per_s: non-padding tokens of all workers / "
                "epoch wall time (forward+backward+step, excludes validation)",
         "plan": plan.summary(),
         "config": cfg.model_dump(mode="json"),

@@ -17,6 +17,7 @@ from medray.eval.metrics.bootstrap import (
 from medray.eval.metrics.corpus import corpus_scores, corpus_signature, corpus_stats
 from medray.eval.metrics.generative import GenerativeScorer
 from medray.eval.metrics.mcq import (
+    MCQItemScores,
     extract_answer,
     extract_statements,
     random_expected_accuracy,
@@ -100,6 +101,16 @@ def _extract_row(row: pd.Series, group_mapping: str | None) -> tuple[tuple[str, 
     return ext.labels, ext.conforming
 
 
+def mcq_item_scores(table: pd.DataFrame, group_mapping: str | None = None) -> MCQItemScores:
+    """Per item: the letters extracted from the raw output, scored against the key."""
+    extracted = [_extract_row(r, group_mapping) for _, r in table.iterrows()]
+    labels = [e[0] for e in extracted]
+    conf = np.array([e[1] for e in extracted], dtype=bool)
+    if "conforming" in table:  # an engine may already have flagged the output
+        conf &= table["conforming"].fillna(True).astype(bool).to_numpy()
+    return score_items(labels, [list(a) for a in table["answer"]], conf)
+
+
 def score_mcq(
     table: pd.DataFrame,
     by: Sequence[str] = (),
@@ -108,12 +119,8 @@ def score_mcq(
     seed: int = DEFAULT_SEED,
 ) -> dict:
     """``table``: prediction (raw text), answer (list), kind, option_labels (list) + ``by``."""
-    extracted = [_extract_row(r, group_mapping) for _, r in table.iterrows()]
-    labels = [e[0] for e in extracted]
-    conf = np.array([e[1] for e in extracted], dtype=bool)
-    if "conforming" in table:  # an engine may already have flagged the output
-        conf &= table["conforming"].fillna(True).astype(bool).to_numpy()
-    items = score_items(labels, [list(a) for a in table["answer"]], conf)
+    items = mcq_item_scores(table, group_mapping)
+    conf = items.conforming
     rand = np.array([random_expected_accuracy(k, max(1, len(o)))
                      for k, o in zip(table["kind"], table["option_labels"], strict=True)])
 
