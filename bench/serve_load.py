@@ -95,7 +95,8 @@ def main() -> None:
     results = []
     for replicas in [int(x) for x in args.replicas.split(",")]:
         cfg = AppConfig(model=model, device="cpu", max_model_len=1024,
-                        context_tokens=args.context_tokens, api_keys_env="MEDRAY_BENCH_KEYS",
+                        prompt={"context_tokens": args.context_tokens},
+                        api_keys_env="MEDRAY_BENCH_KEYS",
                         llm={"num_replicas": replicas, "num_cpus": 1})
         t0 = time.perf_counter()
         serve.run(build_app(cfg), name="medray", route_prefix="/")

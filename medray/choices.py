@@ -34,6 +34,8 @@ class SweepMetric(StrEnum):
     val_f1 = "val_f1"
     val_loss = "val_loss"
     val_em = "val_em"
+    val_accuracy = "val_accuracy"  # multiple choice
+    val_conforming = "val_conforming"
     train_loss = "train_loss"
 
 

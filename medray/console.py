@@ -137,6 +137,15 @@ def _redirect_fds(log: IO[str]) -> Iterator[Console]:
             term.close()
 
 
+@contextmanager
+def library_output_hidden() -> Iterator[None]:
+    """Hide what libraries print on fds 1 and 2 (for a short step whose only output is
+    third-party chatter, e.g. DeepSpeed's accelerator warning inside save_pretrained);
+    exceptions still propagate."""
+    with open(os.devnull, "w", encoding="utf-8") as sink, _redirect_fds(sink):
+        yield
+
+
 def _ray_up() -> bool:
     ray = sys.modules.get("ray")  # never import Ray just to ask
     return bool(ray is not None and ray.is_initialized())

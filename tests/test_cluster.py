@@ -208,3 +208,12 @@ def test_training_refuses_checkpoints_on_one_nodes_local_disk(cluster, tiny_mode
     assert proc.returncode != 0
     assert "is not shared storage" in proc.stdout and WORKER_IP in proc.stdout
     assert "Traceback" not in proc.stdout
+    # a sweep is refused the same way: its trials write under its folder from either node
+    proc = _ray_job(cluster, "submit", "--runtime-env-json", RUNTIME_ENV, "--",
+                    "python", "-m", "medray", "tune", "--config", "configs/tiny-cpu.yaml",
+                    "--space", "tune/spaces/tiny_cpu.yaml", "--output",
+                    "/var/lib/medray-node/sweep", f"model.name_or_path={tiny_model}",
+                    f"data.path={medqaro_prepared}", timeout=300, check=False)
+    assert proc.returncode != 0
+    assert "sweep output" in proc.stdout and "is not shared storage" in proc.stdout
+    assert WORKER_IP in proc.stdout and "Traceback" not in proc.stdout

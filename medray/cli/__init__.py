@@ -3,6 +3,7 @@
     medray data ...           medray.cli.data   (synth, prepare, stats, prompt)
     medray model/train/export medray.cli.train
     medray tune               medray.cli.tune
+    medray study              medray.cli.study  (context-length)
     medray demo               medray.cli.demo
     medray eval/report/score/baseline/ensemble/translate/serve   the evaluation side
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import typer
 
-from medray.cli import data, demo, train, tune
+from medray.cli import data, demo, study, train, tune
 
 app = typer.Typer(rich_markup_mode=None,
     help="Fine-tune, serve and evaluate LLMs on medical QA benchmarks, on Ray.",
@@ -23,7 +24,7 @@ app = typer.Typer(rich_markup_mode=None,
     pretty_exceptions_enable=False,
 )
 
-for _group in (data, demo, train, tune):
+for _group in (data, demo, train, tune, study):
     _group.register(app)
 
 

@@ -27,15 +27,19 @@ def model_tiny(
     seed: int = typer.Option(0),
 ) -> None:
     """A small random-init Llama + a byte-level BPE tokenizer trained on the corpus."""
+    from medray.console import library_output_hidden
     from medray.fsutil import check_output
     from medray.models import build_tiny_model, corpus_from_prepared
 
     try:
         check_output(out, [corpus])  # OutputRefused is a ValueError: exit 2 below
         texts = corpus_from_prepared(corpus)
-        path = build_tiny_model(out, texts, vocab_size=vocab_size, hidden_size=hidden_size,
-                                n_layers=layers, n_heads=heads,
-                                intermediate_size=intermediate_size, seed=seed)
+        # save_pretrained's progress bar and the DeepSpeed accelerator warning it triggers
+        # (accelerate imports DeepSpeed) are the only other output
+        with library_output_hidden():
+            path = build_tiny_model(out, texts, vocab_size=vocab_size, hidden_size=hidden_size,
+                                    n_layers=layers, n_heads=heads,
+                                    intermediate_size=intermediate_size, seed=seed)
     except (FileNotFoundError, ValueError) as exc:
         fail(str(exc))
     info = json.loads((path / "medray_tiny.json").read_text())

@@ -40,6 +40,7 @@ def tune(
     """
     from medray.config import ConfigError
     from medray.fsutil import OutputRefused, claim_directory
+    from medray.raycluster import StorageNotShared
     from medray.tune.outputs import SweepFailed
     from medray.tune.plan import load_plan, plan_sweep
 
@@ -67,7 +68,7 @@ def tune(
     with command_console("tune", output / "logs", verbose=verbose) as display:
         try:
             summary = _run(plan, display, resume=resume, best_if_partial=best_if_partial)
-        except (ConfigError, FileNotFoundError, FileExistsError) as exc:
+        except (ConfigError, FileNotFoundError, FileExistsError, StorageNotShared) as exc:
             fail(str(exc))
         except SweepFailed as exc:
             fail(str(exc), code=1)

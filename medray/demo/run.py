@@ -103,11 +103,12 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
         for line in summary["lines"]:
             console.print(line, markup=False)
     console.rule("[bold green]done")
-    console.print(f"report: {output / 'report.md'} (HTML: {output / 'report.html'})   "
-                  f"numbers: {output / 'metrics.json'}", soft_wrap=True)
     console.print(f"TensorBoard: tensorboard --logdir {output / 'train' / 'tensorboard'}",
                   soft_wrap=True)
     console.print(ray_info, soft_wrap=True)
+    # the last line: what to open next
+    console.print(f"report: {output / 'report.md'} (HTML: {output / 'report.html'})   "
+                  f"numbers: {output / 'metrics.json'}", soft_wrap=True)
     return summary
 
 

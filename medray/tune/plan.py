@@ -29,8 +29,11 @@ EXPERIMENT = "sweep"
 EVENTS_FILE = "medray_trial.jsonl"
 TRAIN_SUBDIR = "train"
 ASHA_STATE = "asha_rungs.json"  # medray.tune.scheduler: ASHA's rungs, read back on resume
-# Metrics the training loop reports at each epoch end (medray.train.loop).
-REPORTED_METRICS = ("val_loss", "val_f1", "val_em", "train_loss")
+# Metrics the training loop reports at each epoch end (medray.train.loop): generative runs
+# report F1/EM, multiple-choice runs accuracy (all-correct rule) and the conforming share.
+REPORTED_METRICS = ("val_loss", "val_f1", "val_em", "val_accuracy", "val_conforming",
+                    "train_loss")
+GENERATED_METRICS = ("val_f1", "val_em", "val_accuracy", "val_conforming")
 
 
 @dataclass
@@ -123,7 +126,14 @@ def plan_sweep(config: str | os.PathLike, space_path: str | os.PathLike,
     base["checkpoint"]["metric"], base["checkpoint"]["mode"] = metric, mode
     validate_config(base, "sweep base config")
     validate_space(space.model_copy(update={"fixed": {}}), base, source=src, search=search)
-    if metric in ("val_f1", "val_em") and base["data"]["val_generate_examples"] == 0:
+    manifest = Path(base["data"]["path"]) / "manifest.json"
+    kind = json.loads(manifest.read_text()).get("kind") if manifest.is_file() else None
+    wrong = {"generative": ("val_accuracy", "val_conforming"), "mcq": ("val_f1", "val_em")}
+    if kind in wrong and metric in wrong[kind]:
+        raise ConfigError(f"{src}: metric {metric} is not reported for {kind} data "
+                         f"({base['data']['path']}); multiple choice reports val_accuracy, "
+                         "generative data val_f1")
+    if metric in GENERATED_METRICS and base["data"]["val_generate_examples"] == 0:
         raise ConfigError(f"{src}: metric {metric} needs data.val_generate_examples > 0 "
                          "(greedy answers scored each epoch)")
     return SweepPlan(output=Path(output), base=base, space=space, search=search,

@@ -150,12 +150,15 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print,
     `preflight=False`: the caller ran preflight_sweep already (before joining Ray)."""
     from ray import tune
 
-    from medray.raycluster import require_connected
+    from medray.raycluster import check_shared_storage, require_connected
     from medray.tune.outputs import write_outputs
 
     if preflight:
         preflight_sweep(plan, log)
     require_connected("the sweep")
+    # Trial workers on other nodes write their checkpoints and run folders under the sweep's
+    # folder, and the driver reads them back: it must be storage every node sees.
+    check_shared_storage(plan.output, "sweep output")
     exp = plan.experiment_dir
     if resume and not tune.Tuner.can_restore(str(exp.resolve())):
         raise FileNotFoundError(f"{exp}: no Tune experiment to resume")

@@ -1,0 +1,135 @@
+"""The evaluation path's own cost: items/s for the same items answered by in-process vLLM, by
+`medray eval` with the vllm engine (Ray actors, each with its own engine) and by `medray
+eval` with the serve engine (HTTP through the QA ingress to one vLLM replica), at 1 and 2
+actors, in one run.
+
+    .venv/bin/python bench/eval_throughput.py [--model PATH] [--items 64] [--in-flight 8]
+
+Items: the first --items of the synthetic MedQARo test split, Q+E+A trimmed to
+--context-tokens, greedy, 10 new tokens. In-process: VLLMEngine.generate on batches of
+--in-flight prompts. `medray eval`: the runner (medray.eval.runner.run_eval) with
+max_in_flight = --in-flight requests outstanding across its actors; its items/s is steady
+state (first to last prediction written, so engine start-up and scoring are left out and
+shown apart as "start s"). Default model: the tiny random Llama, so the numbers are the
+path's overhead, not answer quality. Ratios are against the in-process row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from _tiny import prepared_and_model
+
+KEY = "bench-key"
+
+
+def _in_process(model: str, prompts: list[list[int]], batch: int, max_len: int) -> dict:
+    from medray.engines.vllm import VLLMEngine
+
+    t0 = time.perf_counter()
+    engine = VLLMEngine(model, max_model_len=max_len)
+    engine.generate(prompts[:4], max_new_tokens=10)  # warm-up
+    start = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(0, len(prompts), batch):
+        engine.generate(prompts[i:i + batch], max_new_tokens=10)
+    wall = time.perf_counter() - t0
+    engine.close()
+    return {"items/s": len(prompts) / wall, "start_s": start, "wall_s": wall}
+
+
+def _through_eval(data: Path, engine: dict, out: Path, *, items: int, actors: int,
+                  in_flight: int, context_tokens: int) -> dict:
+    from medray.eval.config import EvalConfig
+    from medray.eval.runner import run_eval
+
+    cfg = EvalConfig.model_validate({
+        "data": str(data), "split": "test", "limit": items, "engine": engine,
+        "prompt": {"format": "qea", "context_tokens": context_tokens, "max_new_tokens": 10},
+        "actors": actors, "max_in_flight": in_flight,
+        "score": {"resamples": 0, "wordnet": False}})
+    stamps: list[float] = []
+    t0 = time.perf_counter()
+    run_eval(cfg, out, on_prediction=lambda _row: stamps.append(time.perf_counter()))
+    steady = stamps[-1] - stamps[0]
+    return {"items/s": (len(stamps) - 1) / steady, "start_s": stamps[0] - t0,
+            "wall_s": time.perf_counter() - t0}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="model path (default: build the tiny model)")
+    ap.add_argument("--items", type=int, default=64)
+    ap.add_argument("--in-flight", type=int, default=8)
+    ap.add_argument("--context-tokens", type=int, default=256)
+    ap.add_argument("--work", default=None, help="folder for data/model/runs (default: temp)")
+    args = ap.parse_args()
+
+    import ray
+    from ray import serve
+
+    from medray.data.prepared import load_prepared
+    from medray.models import load_tokenizer
+    from medray.prompts import PromptSpec
+    from medray.serve_app import build_app
+    from medray.serve_config import AppConfig
+    from medray.tokenization import build_prompt_ids, encode_context
+
+    work = Path(args.work or tempfile.mkdtemp(prefix="medray-bench-"))
+    data_dir, model = prepared_and_model(work, args.model)
+    data = load_prepared(data_dir)
+    test = data.split("test").head(args.items)
+    tok = load_tokenizer(model)
+    spec = PromptSpec(format="qea", context_tokens=args.context_tokens, max_new_tokens=10)
+    contexts = {c: encode_context(tok, data.context(c)) for c in set(test["context_id"])}
+    prompts = [build_prompt_ids(tok, q, contexts[c], spec)
+               for q, c in zip(test["question"], test["context_id"], strict=True)]
+    max_len = args.context_tokens + 64
+    common = {"items": args.items, "in_flight": args.in_flight,
+              "context_tokens": args.context_tokens}
+
+    rows = [("in-process vLLM", _in_process(model, prompts, args.in_flight, max_len))]
+    print(rows[-1], flush=True)
+    os.environ["MEDRAY_API_KEY"] = KEY  # the serve engine's bearer key (handed to actors)
+    ray.init(num_cpus=6, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"MEDRAY_BENCH_KEYS": KEY}})
+    vllm_engine = {"kind": "vllm", "model": model, "max_model_len": max_len}
+    for actors in (1, 2):
+        rows.append((f"eval, vllm engine, {actors} actor(s)",
+                     _through_eval(data_dir, vllm_engine, work / f"vllm-{actors}",
+                                   actors=actors, **common)))
+        print(rows[-1], flush=True)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    app = AppConfig(model=model, device="cpu", max_model_len=max_len, prompt=spec,
+                    api_keys_env="MEDRAY_BENCH_KEYS", llm={"num_replicas": 1, "num_cpus": 1})
+    serve.run(build_app(app), name="medray", route_prefix="/")
+    serve_engine = {"kind": "serve", "url": f"http://127.0.0.1:{port}"}
+    for actors in (1, 2):
+        rows.append((f"eval, serve engine (HTTP), {actors} actor(s)",
+                     _through_eval(data_dir, serve_engine, work / f"serve-{actors}",
+                                   actors=actors, **common)))
+        print(rows[-1], flush=True)
+    serve.shutdown()
+    ray.shutdown()
+
+    base = rows[0][1]["items/s"]
+    print(f"\neval path throughput: model={Path(model).name}, {args.items} test items, trim "
+          f"Q+E+A {args.context_tokens} tokens, greedy 10 new tokens, {args.in_flight} "
+          f"requests in flight (in-process: batches of {args.in_flight}), "
+          f"{os.cpu_count()} cores; items/s of `medray eval` = steady state")
+    print(f"{'path':<38} {'items/s':>8} {'x':>6} {'start s':>8} {'wall s':>7}")
+    for label, r in rows:
+        print(f"{label:<38} {r['items/s']:>8.2f} {r['items/s'] / base:>6.2f} "
+              f"{r['start_s']:>8.1f} {r['wall_s']:>7.1f}")
+
+
+if __name__ == "__main__":
+    main()
