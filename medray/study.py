@@ -115,7 +115,8 @@ def write_tables(runs: Sequence[Path], output: Path) -> list[Path]:
 
     from medray.eval.report import main_table, plot_context, rows_from_runs, to_markdown, with_cis
 
-    table = main_table(rows_from_runs(runs, "medqaro"))
+    rows = rows_from_runs(runs, "medqaro")
+    table = main_table(rows)
     files = []
     for name, write in (
             ("table.md", lambda p: p.write_text(
@@ -131,7 +132,7 @@ def write_tables(runs: Sequence[Path], output: Path) -> list[Path]:
             write(tmp)
         files.append(output / name)
     with tempfile.TemporaryDirectory() as scratch:
-        plot = plot_context(rows_from_runs(runs, "medqaro"), Path(scratch))
+        plot = plot_context(rows, Path(scratch))
         if plot is not None:
             with atomic_file(output / "f1_vs_length.png") as tmp:
                 shutil.copyfile(plot, tmp)

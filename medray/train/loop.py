@@ -112,7 +112,7 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: RunPlan, tokenize
         padded = mine + [items[0]] * (per - len(mine))
         hf = HFEngine(engine.module, tokenizer=tokenizer, batch_size=8,
                       synced_gpus=cfg.deepspeed.stage == 3 and world > 1)
-        multiple_choice = "mcq" in items[0]
+        multiple_choice = plan.kind == "mcq"
         budget = (max(it["max_new_tokens"] for it in items) if multiple_choice
                   else cfg.prompt.max_new_tokens)
         gens = hf.generate_ids([it["prompt_ids"] for it in padded], max_new_tokens=budget)
