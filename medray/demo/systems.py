@@ -64,7 +64,8 @@ def serving(cfg: DemoConfig, train_cfg: Any, output: Path, name: str, model: Pat
                     model_id=f"demo-{name}", adapters={name: str(model)} if is_adapter else {},
                     max_lora_rank=train_cfg.lora.r, device="cpu",
                     max_model_len=cfg.serve.max_model_len,
-                    engine_kwargs={"dtype": cfg.serve.dtype},
+                    engine_kwargs={"dtype": cfg.serve.dtype, "kv_cache_memory_bytes":
+                                   int(cfg.serve.kv_cache_gib * 2**30)},
                     prompt=train_cfg.prompt, api_keys_env=None,
                     api_keys_file=str(key_file),
                     llm=Replicas(num_replicas=cfg.serve.num_replicas))

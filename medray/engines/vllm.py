@@ -21,9 +21,12 @@ CPU_ENV = {
 }
 
 
-def apply_cpu_env() -> None:
+def apply_cpu_env(explicit_kv_cache: bool = False) -> None:
+    """`explicit_kv_cache`: the engine gets kv_cache_memory_bytes, which the (whole-GiB)
+    VLLM_CPU_KVCACHE_SPACE would override."""
     for key, value in CPU_ENV.items():
-        os.environ.setdefault(key, value)
+        if not (explicit_kv_cache and key == "VLLM_CPU_KVCACHE_SPACE"):
+            os.environ.setdefault(key, value)
 
 
 def _is_cpu_build() -> bool:
@@ -66,7 +69,7 @@ class VLLMEngine:
         engine_kwargs = {**engine_kwargs,
                          **engine_args(tensor_parallel_size, gpu_memory_utilization)}
         if _is_cpu_build():
-            apply_cpu_env()
+            apply_cpu_env(explicit_kv_cache="kv_cache_memory_bytes" in engine_kwargs)
             engine_kwargs.setdefault("enforce_eager", True)
         self.model = str(model)
         self.adapter = str(adapter) if adapter else None

@@ -15,8 +15,8 @@ from __future__ import annotations
 import math
 import os
 import shutil
-from collections.abc import Sequence
-from contextlib import nullcontext
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -248,6 +248,24 @@ def resolve_cache_dir(cfg: TrainConfig, output: Path) -> str:
     return cfg.model.cache_dir or str((Path(output) / "hf-cache").resolve())
 
 
+@contextmanager
+def _sigint_handler_restored() -> Iterator[None]:
+    """Ray Train's fit() installs a Ctrl-C handler that holds its controller actor's
+    handle; left in place, the controller and the actors it owns outlive the run (~0.8 GiB
+    that a demo's serving stages would otherwise share the machine with)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield  # fit() registers no handler off the main thread (e.g. inside Tune)
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print,
                  callbacks: Sequence[Any] = (), display: Any = None) -> dict:
     """`medray train`. `callbacks`: extra Ray Train callbacks on the TorchTrainer's RunConfig
@@ -291,7 +309,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
                    tensorboard_dir=str((output / "tensorboard").resolve()),
                    progress_board=board.name if board else None, val_generate=val_generate)
     trainer = build_trainer(cfg, output, plan, datasets, callbacks)
-    with board.shown(display) if board else nullcontext():
+    with board.shown(display) if board else nullcontext(), _sigint_handler_restored():
         result = trainer.fit()
     if result.error:
         raise result.error
