@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from medray.prompts import (
@@ -250,14 +251,48 @@ class ExampleAssembler:
         return pd.DataFrame(rows)
 
 
-def tokenize_contexts(data_dir: str | os.PathLike, tokenizer_path: str, *,
-                      concurrency: int = 2, batch_size: int = 8) -> Any:
-    """Ray Dataset (context_id, context_ids): one row and one tokenisation per epicrisis."""
+# Below this many characters of epicrisis text the driver tokenises in-process: a Ray Data
+# actor pool first pays ~10 s to start its actors (process, imports, tokenizer load; measured
+# on 2 cores), and a fast tokenizer does ~1.4 M characters/s on one core (the tiny BPE,
+# measured), so a pool of two only wins past ~20 s of work.
+IN_PROCESS_MAX_CHARS = 30_000_000
+POOL_MIN_CPUS = 4  # with fewer, the actors share the cores the driver's loop would use
+
+
+def split_contexts(data_dir: str | os.PathLike, splits: Sequence[str]) -> Any:
+    """The epicrises (context_id, text) that the examples of `splits` read, once each."""
+    import pandas as pd
+
+    from medray.data.prepared import CONTEXTS, EXAMPLES
+
+    root = Path(data_dir)
+    wanted = pd.read_parquet(root / EXAMPLES, columns=["context_id"],
+                             filters=[("split", "in", list(splits))])["context_id"].unique()
+    return pd.read_parquet(root / CONTEXTS, columns=["context_id", "text"],
+                           filters=[("context_id", "in", wanted.tolist())])
+
+
+def tokenize_contexts(data_dir: str | os.PathLike, tokenizer_path: str,
+                      splits: Sequence[str], *, concurrency: int = 2, batch_size: int = 8,
+                      cluster_cpus: float = 0.0,
+                      in_process_max_chars: int = IN_PROCESS_MAX_CHARS) -> tuple[dict, str]:
+    """({context_id: int32 token ids}, how): each epicrisis the `splits` read tokenised
+    exactly once, in this process when that is faster (little text, or a cluster too small
+    for a pool to pay), else by a Ray Data actor pool of up to `concurrency` actors."""
+    import numpy as np
+
+    texts = split_contexts(data_dir, splits)
+    chars = int(texts["text"].str.len().sum())
+    if chars <= in_process_max_chars or cluster_cpus < POOL_MIN_CPUS:
+        from medray.models import load_tokenizer
+
+        tok = load_tokenizer(tokenizer_path)
+        table = {cid: np.asarray(encode_context(tok, text), dtype=np.int32)
+                 for cid, text in zip(texts["context_id"], texts["text"], strict=True)}
+        return table, "in-process"
     import ray
 
-    from medray.data.prepared import read_table
-
-    return read_table(data_dir, "contexts", ["context_id", "text"]).map_batches(
+    ds = ray.data.from_pandas(texts).map_batches(
         ContextTokenizer,
         fn_constructor_kwargs={"tokenizer_path": tokenizer_path},
         batch_size=batch_size,
@@ -265,6 +300,7 @@ def tokenize_contexts(data_dir: str | os.PathLike, tokenizer_path: str, *,
         compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max(concurrency, 1)),
         num_cpus=0.5,
     )
+    return context_table(ds), f"by a Ray Data actor pool (up to {concurrency} actors)"
 
 
 def context_table(contexts_ds: Any) -> dict[str, Any]:

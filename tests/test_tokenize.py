@@ -159,13 +159,25 @@ def test_packed_rows_do_not_attend_across_examples(tiny_model, tok, epicrisis):
 def test_ray_data_pipeline_tokenises_each_epicrisis_once(ray_session, medqaro_prepared,
                                                          tiny_model, tok):
     from medray.data.prepared import load_prepared
-    from medray.tokenization import context_table, examples_dataset, tokenize_contexts
+    from medray.tokenization import examples_dataset, tokenize_contexts
 
     data = load_prepared(medqaro_prepared)
-    contexts = context_table(tokenize_contexts(medqaro_prepared, str(tiny_model)))
-    assert set(contexts) == set(data.contexts["context_id"])  # one row per epicrisis
-    cid = data.contexts["context_id"].iloc[0]
+    splits = ["train", "val"]
+    wanted = set(data.examples[data.examples["split"].isin(splits)]["context_id"])
+    assert wanted < set(data.contexts["context_id"])  # the test split's are never read
+    # Forced onto the actor pool (a big cluster, no in-process threshold) ...
+    contexts, how = tokenize_contexts(medqaro_prepared, str(tiny_model), splits,
+                                      cluster_cpus=8, in_process_max_chars=0)
+    assert how.startswith("by a Ray Data actor pool")
+    assert set(contexts) == wanted  # one row per epicrisis the splits read
+    cid = sorted(wanted)[0]
     assert contexts[cid].tolist() == encode_context(tok, data.context(cid))
+    # ... and in-process (this 2-CPU session's default): the same table.
+    local, how = tokenize_contexts(medqaro_prepared, str(tiny_model), splits,
+                                   cluster_cpus=ray_session.cluster_resources()["CPU"])
+    assert how == "in-process"
+    assert set(local) == wanted
+    assert all(local[c].tolist() == contexts[c].tolist() for c in wanted)
     ref = ray_session.put(contexts)
     val = data.split("val").sort_values("id")
     ids = val["id"].head(20).tolist()

@@ -57,6 +57,8 @@ class DataConfig(_Strict):
     # Fixed validation subset answered greedily each epoch and scored by F1/EM.
     val_generate_examples: int = Field(32, ge=0)
     shuffle_buffer: int = Field(256, ge=0)
+    # Ray Data actor pool size, used when there is too much text to tokenise in-process
+    # (medray.tokenization.tokenize_contexts says when).
     tokenize_actors: int = Field(2, ge=1)
 
 

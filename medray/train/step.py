@@ -8,6 +8,8 @@ plain torch optimiser) where DeepSpeed is not installed.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,18 +32,58 @@ def train_step(engine: Any, batch: dict[str, Any], device: Any) -> StepResult:
     """
     inputs = to_device(model_inputs(batch), device)
     boundary = bool(engine.is_gradient_accumulation_boundary())
-    out = engine(**inputs, use_cache=False)
-    engine.backward(out.loss)
+    summed, n = answer_loss(engine, inputs)
+    loss = summed / n
+    engine.backward(loss)
     engine.step()
-    return StepResult(loss=out.loss.detach(), tokens=useful_tokens(batch), boundary=boundary)
+    return StepResult(loss=loss.detach(), tokens=useful_tokens(batch), boundary=boundary)
 
 
 def eval_loss(engine: Any, batch: dict[str, Any], device: Any) -> tuple[Any, Any]:
     """(summed token loss, number of loss tokens) of one validation micro-batch."""
-    inputs = to_device(model_inputs(batch), device)
-    n = (inputs["labels"][:, 1:] != -100).sum()
-    out = engine(**inputs, use_cache=False)
-    return out.loss.detach() * n, n
+    summed, n = answer_loss(engine, to_device(model_inputs(batch), device))
+    return summed.detach(), n
+
+
+def answer_loss(engine: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
+    """(summed cross-entropy, number of target tokens): the causal-LM loss the model's own
+    `labels=` path computes (position t predicts label t+1; -100 ignored; fp32 logits),
+    with the vocabulary projection run only where some row of the micro-batch has a target.
+
+    Labels cover the answer alone, so the full projection would compute logits for the
+    whole context and discard almost all of them: on a long epicrisis with a 128k vocabulary
+    that is gigabytes of logits (and their gradient) per example. A model whose forward has
+    no `logits_to_keep` gets the full projection, sliced afterwards (same loss).
+    """
+    import torch
+
+    labels = inputs["labels"]
+    targets = labels[:, 1:]
+    keep = (targets != -100).any(dim=0).nonzero().squeeze(1)  # positions with a target
+    model_inputs_ = {k: v for k, v in inputs.items() if k != "labels"}
+    if _accepts_logits_to_keep(engine):
+        logits = engine(**model_inputs_, logits_to_keep=keep, use_cache=False).logits
+    else:
+        logits = engine(**model_inputs_, use_cache=False).logits[:, keep]
+    picked = targets[:, keep]
+    summed = torch.nn.functional.cross_entropy(
+        logits.float().reshape(-1, logits.shape[-1]), picked.reshape(-1),
+        ignore_index=-100, reduction="sum")
+    return summed, (picked != -100).sum()
+
+
+def _accepts_logits_to_keep(engine: Any) -> bool:
+    """Whether the causal LM under the engine's wrappers (DeepSpeed, PEFT) takes
+    `logits_to_keep` (transformers' CausalLM classes do)."""
+    model = getattr(engine, "module", engine)
+    if hasattr(model, "get_base_model"):  # PEFT
+        model = model.get_base_model()
+    return _forward_takes_logits_to_keep(type(model))
+
+
+@functools.cache
+def _forward_takes_logits_to_keep(cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 class TorchEngine:

@@ -4,7 +4,8 @@
 1. validate everything cheap before any worker starts (config keys were checked by
    pydantic; here: model path, LoRA targets on a weightless meta model, data dir,
    context budget vs question + answer);
-2. tokenise each epicrisis once (Ray Data actor pool) and share the table;
+2. tokenise each epicrisis once (in-process, or a Ray Data actor pool for much text on a
+   big enough cluster) and share the table;
 3. stream the assembled examples to a Ray Train V2 TorchTrainer (DeepSpeed + PEFT);
 4. export the best (or last) checkpoint's adapter to OUTPUT/adapter and write
    OUTPUT/metrics.json (per-epoch losses, F1/EM, tokens/s, the resolved config).
@@ -274,7 +275,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     import ray
 
     from medray.raycluster import check_shared_storage, require_connected
-    from medray.tokenization import context_table, tokenize_contexts
+    from medray.tokenization import tokenize_contexts
     from medray.train.checkpoints import export_adapter, load_state
     from medray.train.progress import TrainingBoard
 
@@ -296,11 +297,13 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
             f"per kind, key letters + EOS as target); ~{plan.total_steps} optimiser steps "
             "planned")
     else:
-        contexts = context_table(tokenize_contexts(cfg.data.path, cfg.model.name_or_path,
-                                                   concurrency=cfg.data.tokenize_actors))
+        contexts, how = tokenize_contexts(
+            cfg.data.path, cfg.model.name_or_path, [cfg.data.train_split, cfg.data.val_split],
+            concurrency=cfg.data.tokenize_actors,
+            cluster_cpus=ray.cluster_resources().get("CPU", 0.0))
         plan = schedule(cfg, checked, contexts)
-        log(f"tokenised {len(contexts)} epicrises once each (Ray Data actor pool); "
-            f"~{plan.total_steps} optimiser steps planned")
+        log(f"tokenised {len(contexts)} epicrises ({cfg.data.train_split}, "
+            f"{cfg.data.val_split}) once each {how}; ~{plan.total_steps} optimiser steps planned")
         contexts_ref = ray.put(contexts)
         datasets = _datasets(cfg, plan, contexts, contexts_ref)
         val_generate = _val_generate_items(cfg, checked.val_gen_ids, contexts)
