@@ -4,7 +4,7 @@ Reads top to bottom:
 1. synthesise MedQARo-like CSVs (released format) and prepare them (validate, normalise);
 2. build a tiny random-init Llama; its tokenizer sees TRAIN-split text only;
 3. pre-train the tiny base on TRAIN epicrises (unlabelled text; see medray/pretrain.py);
-4. fine-tune LoRA on Ray Train: Ray Data tokenisation, 2 workers, DeepSpeed ZeRO-2;
+4. fine-tune LoRA on Ray Train: Ray Data example assembly, 2 workers, DeepSpeed ZeRO-2;
 5. evaluate the majority baseline, then serve the pre-trained base on Ray Serve (vLLM
    replica) and evaluate it zero-shot with evaluation actors, in-domain (held-out test
    patients) and cross-domain;
