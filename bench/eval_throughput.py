@@ -12,6 +12,11 @@ max_in_flight = --in-flight requests outstanding across its actors; its items/s 
 state (first to last prediction written, so engine start-up and scoring are left out and
 shown apart as "start s"). Default model: the tiny random Llama, so the numbers are the
 path's overhead, not answer quality. Ratios are against the in-process row.
+
+Where the time goes: over the same steady-state window, the CPU seconds each kind of
+process used (this process, evaluation actors, Serve's HTTP proxy, the QA ingress, the
+LLM replica, vLLM's engine core and worker, Ray's own processes), per item. Run it alone:
+anything else running lands in "other".
 """
 
 from __future__ import annotations
@@ -26,6 +31,39 @@ from pathlib import Path
 from _tiny import prepared_and_model
 
 KEY = "bench-key"
+# Process kinds by a piece of their command line / Ray process title, first match wins.
+KINDS = [("eval actors", ("EvalWorker",)), ("Serve proxy", ("ProxyActor",)),
+         ("QA ingress", ("QAIngress",)), ("LLM replica", ("LLMServer",)),
+         ("vLLM engine core", ("EngineCore",)), ("vLLM worker", ("VLLM::Worker",)),
+         ("Ray (raylet, GCS, ...)", ("raylet", "gcs_server", "ray/dashboard", "monitor.py",
+                                     "log_monitor", "ServeController", "ray::"))]
+
+
+def cpu_seconds() -> dict[int, tuple[str, float]]:
+    """{pid: (kind, user+system CPU seconds)} of every process on the machine."""
+    import psutil
+
+    me = os.getpid()
+    out = {}
+    for proc in psutil.process_iter(["pid", "cmdline", "name", "cpu_times"]):
+        times = proc.info["cpu_times"]
+        if times is None:
+            continue
+        cmd = " ".join(proc.info["cmdline"] or [proc.info["name"] or ""])
+        kind = "this process" if proc.info["pid"] == me else next(
+            (k for k, keys in KINDS if any(key in cmd for key in keys)), "other")
+        out[proc.info["pid"]] = (kind, times.user + times.system)
+    return out
+
+
+def cpu_by_kind(before: dict, after: dict) -> dict[str, float]:
+    """CPU seconds per process kind between two cpu_seconds() snapshots."""
+    from collections import defaultdict
+
+    used: dict[str, float] = defaultdict(float)
+    for pid, (kind, t) in after.items():
+        used[kind] += t - before.get(pid, (kind, 0.0))[1]
+    return dict(used)
 
 
 def _in_process(model: str, prompts: list[list[int]], batch: int, max_len: int) -> dict:
@@ -35,12 +73,14 @@ def _in_process(model: str, prompts: list[list[int]], batch: int, max_len: int) 
     engine = VLLMEngine(model, max_model_len=max_len)
     engine.generate(prompts[:4], max_new_tokens=10)  # warm-up
     start = time.perf_counter() - t0
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), cpu_seconds()
     for i in range(0, len(prompts), batch):
         engine.generate(prompts[i:i + batch], max_new_tokens=10)
     wall = time.perf_counter() - t0
+    cpu = cpu_by_kind(cpu0, cpu_seconds())
     engine.close()
-    return {"items/s": len(prompts) / wall, "start_s": start, "wall_s": wall}
+    return {"items/s": len(prompts) / wall, "start_s": start, "wall_s": wall,
+            "cpu_per_item_ms": {k: 1000 * v / len(prompts) for k, v in cpu.items()}}
 
 
 def _through_eval(data: Path, engine: dict, out: Path, *, items: int, actors: int,
@@ -54,11 +94,20 @@ def _through_eval(data: Path, engine: dict, out: Path, *, items: int, actors: in
         "actors": actors, "max_in_flight": in_flight,
         "score": {"resamples": 0, "wordnet": False}})
     stamps: list[float] = []
+    snapshots: list[dict] = []
+
+    def on_prediction(_row: dict) -> None:
+        stamps.append(time.perf_counter())
+        if len(stamps) in (1, items):  # the steady-state window's two ends
+            snapshots.append(cpu_seconds())
+
     t0 = time.perf_counter()
-    run_eval(cfg, out, on_prediction=lambda _row: stamps.append(time.perf_counter()))
+    run_eval(cfg, out, on_prediction=on_prediction)
     steady = stamps[-1] - stamps[0]
+    cpu = cpu_by_kind(*snapshots)
     return {"items/s": (len(stamps) - 1) / steady, "start_s": stamps[0] - t0,
-            "wall_s": time.perf_counter() - t0}
+            "wall_s": time.perf_counter() - t0,
+            "cpu_per_item_ms": {k: 1000 * v / (len(stamps) - 1) for k, v in cpu.items()}}
 
 
 def main() -> None:
@@ -129,6 +178,16 @@ def main() -> None:
     for label, r in rows:
         print(f"{label:<38} {r['items/s']:>8.2f} {r['items/s'] / base:>6.2f} "
               f"{r['start_s']:>8.1f} {r['wall_s']:>7.1f}")
+
+    kinds = ["this process", *(k for k, _ in KINDS), "other"]
+    print(f"\nwhere the time goes: CPU ms per item by process kind over the same window "
+          f"(wall ms per item x {os.cpu_count()} cores is the CPU the machine had)")
+    print(f"{'path':<38} " + " ".join(f"{k[:11]:>11}" for k in kinds) + f" {'total':>7} "
+          f"{'wall x cores':>12}")
+    for label, r in rows:
+        used = r["cpu_per_item_ms"]
+        print(f"{label:<38} " + " ".join(f"{used.get(k, 0.0):>11.1f}" for k in kinds)
+              + f" {sum(used.values()):>7.1f} {1000 / r['items/s'] * os.cpu_count():>12.1f}")
 
 
 if __name__ == "__main__":

@@ -9,9 +9,17 @@
      pad:       dynamic padding, batch B;
      group:     dynamic padding with length grouping, batch B;
      pack:      several examples per N-token row (block-diagonal attention), B rows.
+   Every mode computes the loss as training does (medray.train.step.answer_loss).
 2. Tokenisation time of the synthetic MedQARo data at 1x, 4x, 16x (more patients):
    each epicrisis tokenised once and examples assembled from ids (medray) vs the whole
    prompt text tokenised once per example (reference).
+3. The loss: logits for every position (the model's own `labels=` path) vs only the
+   positions that have a target (what training runs), same batches: step time, and the
+   logit values computed per step (positions x vocabulary: the memory the projection and
+   its gradient take, which on a long epicrisis with a large vocabulary is gigabytes).
+4. Where epicrises are tokenised for training (medray.tokenization.tokenize_contexts):
+   in the driver's process vs a Ray Data actor pool on a local Ray cluster of this
+   machine's CPUs, at 1x and 16x the patients, and which one medray picks.
 
     flock /tmp/medray-heavy.lock .venv/bin/python bench/train_throughput.py
 """
@@ -55,12 +63,13 @@ def rows_from_lengths(lengths: list[tuple[int, int]], vocab: int, seed: int) -> 
 
 
 def throughput(model_dir: str, rows: list[dict], mode: str, budget: int, batch: int,
-               threads: int) -> dict:
+               threads: int, loss_mode: str = "answer") -> dict:
     import torch
     from peft import LoraConfig, get_peft_model
 
     from medray.models import load_model_and_tokenizer
     from medray.train.collate import micro_batches, model_inputs, pad_batch
+    from medray.train.step import answer_loss
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -85,14 +94,24 @@ def throughput(model_dir: str, rows: list[dict], mode: str, budget: int, batch: 
     computed = sum(b["input_ids"].numel() for b in batches)
     model.train()
     t0 = time.perf_counter()
+    logits = 0
     for b in batches:
-        loss = model(**model_inputs(b), use_cache=False).loss
+        inputs = model_inputs(b)
+        if loss_mode == "full":
+            loss = model(**inputs, use_cache=False).loss
+            logits += inputs["input_ids"].numel()
+        else:
+            summed, n = answer_loss(model, b, torch.device("cpu"))
+            loss = summed / n
+            kept = int((inputs["labels"][:, 1:] != -100).any(dim=0).sum())
+            logits += inputs["input_ids"].shape[0] * kept
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     dt = time.perf_counter() - t0
     return {"mode": mode, "batches": len(batches), "useful_tokens": useful,
-            "computed_tokens": computed, "seconds": dt, "useful_tok_s": useful / dt}
+            "computed_tokens": computed, "seconds": dt, "useful_tok_s": useful / dt,
+            "logit_values": logits * len(tok)}
 
 
 def tokenisation(model_dir: str, data_dir: str, factors: list[int]) -> list[dict]:
@@ -123,6 +142,55 @@ def tokenisation(model_dir: str, data_dir: str, factors: list[int]) -> list[dict
         out.append({"factor": k, "contexts": len(contexts) * k, "examples": len(ex) * k,
                     "once_per_epicrisis_s": once, "once_per_example_s": per_example,
                     "speedup": per_example / once})
+    return out
+
+
+def scaled_dataset(data_dir: Path, out: Path, k: int) -> Path:
+    """A prepared dataset with k times the patients (every epicrisis and its questions k
+    times, distinct ids), written with medray's own table names."""
+    import shutil
+
+    import pandas as pd
+
+    from medray.data.prepared import CONTEXTS, EXAMPLES
+
+    out.mkdir(parents=True, exist_ok=True)
+    ex, ctx = pd.read_parquet(data_dir / EXAMPLES), pd.read_parquet(data_dir / CONTEXTS)
+    copies = lambda df, cols: pd.concat(  # noqa: E731
+        [df.assign(**{c: df[c] + f"#{r}" for c in cols}) for r in range(k)], ignore_index=True)
+    copies(ex, ["id", "context_id"]).to_parquet(out / EXAMPLES)
+    copies(ctx, ["context_id"]).to_parquet(out / CONTEXTS)
+    shutil.copy(data_dir / "manifest.json", out / "manifest.json")
+    return out
+
+
+def tokenisation_placement(model_dir: str, data_dir: Path, work: Path,
+                           factors: list[int]) -> list[dict]:
+    import os
+
+    import ray
+
+    from medray.tokenization import IN_PROCESS_MAX_CHARS, split_contexts, tokenize_contexts
+
+    cpus = os.cpu_count() or 1
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    splits = ["train", "val"]
+    out = []
+    try:
+        for k in factors:
+            data = scaled_dataset(data_dir, work / f"data-x{k}", k) if k > 1 else data_dir
+            chars = int(split_contexts(data, splits)["text"].str.len().sum())
+            times = {}
+            for where, kwargs in (("in-process", {"cluster_cpus": 0}),
+                                  ("pool", {"cluster_cpus": 1e9, "in_process_max_chars": 0})):
+                t0 = time.perf_counter()
+                table, _how = tokenize_contexts(data, model_dir, splits, concurrency=2, **kwargs)
+                times[where] = time.perf_counter() - t0
+            picked = ("in-process" if chars <= IN_PROCESS_MAX_CHARS or cpus < 4 else "pool")
+            out.append({"factor": k, "contexts": len(table), "chars": chars, **times,
+                        "picked": picked})
+    finally:
+        ray.shutdown()
     return out
 
 
@@ -176,6 +244,31 @@ def main() -> None:
         print(f"{r['factor']:>6} {r['contexts']:>9} {r['examples']:>8} "
               f"{r['once_per_epicrisis_s']:>16.2f} {r['once_per_example_s']:>14.2f} "
               f"{r['speedup']:>8.1f}")
+
+    print()
+    print(f"# 3. the loss: logits at every position vs only where there is a target (what "
+          f"training runs); group batching, batch {args.batch}, N={args.budget}, the same "
+          f"examples as 1. (trimmed at {PAPER_BUDGET:,}), vocabulary {vocab:,}")
+    lengths = medqaro_lengths(args.examples, args.budget, 0, PAPER_BUDGET)
+    rows = rows_from_lengths(lengths, vocab, seed=0)
+    full, answer = (throughput(model, rows, "group", args.budget, args.batch, args.threads,
+                               loss_mode=m) for m in ("full", "answer"))
+    print(f"{'loss':<18} {'s':>7} {'useful tok/s':>12} {'logit values':>14} {'x full':>7}")
+    for name, r in (("every position", full), ("target positions", answer)):
+        print(f"{name:<18} {r['seconds']:>7.2f} {r['useful_tok_s']:>12.0f} "
+              f"{r['logit_values']:>14,} {r['useful_tok_s'] / full['useful_tok_s']:>7.2f}")
+    print(f"logit values computed: {answer['logit_values'] / full['logit_values']:.1%} of the "
+          "full projection's")
+
+    print()
+    print("# 4. where training tokenises the epicrises of train+val (each once): in the "
+          "driver's process vs a Ray Data actor pool (2 actors) on a local Ray cluster of "
+          f"this machine's {__import__('os').cpu_count()} CPUs; start-up included")
+    print(f"{'factor':>6} {'epicrises':>9} {'characters':>11} {'in-process s':>12} "
+          f"{'pool s':>7} {'pool/in-process':>15} {'medray picks':>12}")
+    for r in tokenisation_placement(model, work / "data", work, [1, 16]):
+        print(f"{r['factor']:>6} {r['contexts']:>9} {r['chars']:>11,} {r['in-process']:>12.2f} "
+              f"{r['pool']:>7.2f} {r['pool'] / r['in-process']:>15.2f} {r['picked']:>12}")
 
 
 if __name__ == "__main__":

@@ -141,14 +141,17 @@ class Plan:
     prompts: list[list[int]]
 
 
-def plan_strategy(tokenizer: Any, question: str, context: str, spec: PromptSpec) -> Plan:
-    """Build the prompt(s) for one question over one epicrisis with spec.strategy."""
+def plan_strategy(tokenizer: Any, question: str, context: str, spec: PromptSpec,
+                  context_ids: Sequence[int] | None = None) -> Plan:
+    """Build the prompt(s) for one question over one epicrisis with spec.strategy
+    (`context_ids`: the epicrisis already tokenised, as encode_context does)."""
     from medray.tokenization import build_prompt_ids, encode_context
 
     def assemble(context_ids: Sequence[int]) -> list[int]:
         return build_prompt_ids(tokenizer, question, context_ids, spec)
 
-    context_ids = encode_context(tokenizer, context)  # as in training: tokenised once
+    if context_ids is None:
+        context_ids = encode_context(tokenizer, context)  # as in training: tokenised once
     if spec.strategy == "trim":
         return Plan(spec.strategy, [assemble(context_ids)])
     budget = context_budget(tokenizer, question, spec)
@@ -179,6 +182,27 @@ def run_strategy(generate: GenerateFn, tokenizer: Any, question: str, context: s
                  spec: PromptSpec) -> StrategyResult:
     plan = plan_strategy(tokenizer, question, context, spec)
     return finish_strategy(plan, generate(plan.prompts))
+
+
+def run_strategies(generate: GenerateFn, tokenizer: Any,
+                   items: Sequence[tuple[str, str]], spec: PromptSpec) -> list[StrategyResult]:
+    """run_strategy for many (question, epicrisis) pairs in ONE engine call, each epicrisis
+    tokenised once: a patient's questions then reach the engine together, and with the
+    epicrisis first (E+Q+A) its prefix cache computes the shared epicrisis once."""
+    from medray.tokenization import encode_context
+
+    encoded: dict[str, list[int]] = {}
+    plans = []
+    for question, context in items:
+        if context not in encoded:
+            encoded[context] = encode_context(tokenizer, context)
+        plans.append(plan_strategy(tokenizer, question, context, spec, encoded[context]))
+    gens = generate([prompt for plan in plans for prompt in plan.prompts])
+    results, start = [], 0
+    for plan in plans:
+        results.append(finish_strategy(plan, gens[start:start + len(plan.prompts)]))
+        start += len(plan.prompts)
+    return results
 
 
 def _result(gen: Generation, strategy: str, prompt_tokens: int) -> StrategyResult:

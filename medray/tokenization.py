@@ -292,7 +292,8 @@ def tokenize_contexts(data_dir: str | os.PathLike, tokenizer_path: str,
         return table, "in-process"
     import ray
 
-    ds = ray.data.from_pandas(texts).map_batches(
+    blocks = max(1, min(len(texts), 4 * concurrency))  # one block would keep one actor busy
+    ds = ray.data.from_pandas([texts.iloc[i::blocks] for i in range(blocks)]).map_batches(
         ContextTokenizer,
         fn_constructor_kwargs={"tokenizer_path": tokenizer_path},
         batch_size=batch_size,

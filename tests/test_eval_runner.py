@@ -161,3 +161,36 @@ def test_baselines_go_through_eval(ray_session, medqaro_prepared, tmp_path):
     summary = json.loads((out / "metrics.json").read_text())
     assert summary["run"]["model"] == "random-token"
     assert 0 <= summary["metrics"]["medqaro"]["metrics"]["f1"]["mean"] < 0.5
+
+
+@pytest.mark.parametrize("fmt", ["eqa", "qea"])
+def test_engine_calls_keep_a_patients_items_together(medqaro_prepared, fmt):
+    """In-process engines get a patient's questions together (E+Q+A: one call per patient,
+    so the prefix cache computes the epicrisis once); nothing is lost or duplicated."""
+    import random
+
+    from medray.eval.config import EvalConfig
+    from medray.eval.plan import CALL, PATIENT_CALL, plain_row, plan_eval
+
+    cfg = EvalConfig.model_validate({
+        "data": str(medqaro_prepared), "split": "test",
+        "engine": {"kind": "baseline", "baseline": "majority"},
+        "prompt": {"format": fmt, "context_tokens": 128}})
+    plan = plan_eval(cfg)
+    rows = [plain_row(r) for r in plan.asked.to_dict("records")]
+    shuffled = random.Random(0).sample(rows, len(rows))  # e.g. what a resume leaves
+    calls = plan.engine_calls(shuffled)
+    flat = [r["id"] for call in calls for r in call]
+    assert sorted(flat) == sorted(r["id"] for r in rows) and len(set(flat)) == len(flat)
+    patients = [r["context_id"] for call in calls for r in call]
+    # each patient's items are contiguous, patients in order of first appearance
+    runs = [cid for i, cid in enumerate(patients) if i == 0 or cid != patients[i - 1]]
+    assert len(runs) == len(set(runs))
+    assert runs == list(dict.fromkeys(r["context_id"] for r in shuffled))
+    if fmt == "eqa":
+        assert all(len({r["context_id"] for r in call}) == 1 for call in calls)
+        assert all(len(call) <= PATIENT_CALL for call in calls)
+        assert len(calls) == len(runs)  # small data: one call per patient
+    else:
+        assert all(len(call) <= CALL for call in calls)
+        assert sum(len(c) == CALL for c in calls) == len(rows) // CALL

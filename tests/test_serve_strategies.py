@@ -11,6 +11,7 @@ from medray.strategies import (
     finish_strategy,
     majority_vote,
     plan_strategy,
+    run_strategies,
     run_strategy,
     split_chunks,
 )
@@ -136,3 +137,34 @@ def test_empty_or_wordless_context_still_gives_one_prompt(context):
         plan = plan_strategy(tok, "Care este stadiul?", context,
                              _spec(strategy, chunk_tokens=3, reserve=2))
         assert len(plan.prompts) == 1 and plan.prompts[0]  # the question, no context
+
+
+def test_run_strategies_answers_many_questions_in_one_engine_call():
+    tok = _FakeTokenizer()
+    epicrisis = " ".join(f"w{i}" for i in range(30))
+    other = " ".join(f"v{i}" for i in range(12))
+    items = [("Intrebare unu?", epicrisis), ("Intrebare doi?", epicrisis), ("Alta?", other)]
+    calls: list[list[list[int]]] = []
+
+    def generate(prompts):
+        calls.append(list(prompts))
+        return [Generation(text=f"a{len(calls)}-{i}", logprobs=[-0.5])
+                for i in range(len(prompts))]
+
+    for strategy, chunk_tokens in (("trim", None), ("chunks", 10)):
+        calls.clear()
+        spec = _spec(strategy, chunk_tokens=chunk_tokens)
+        batched = run_strategies(generate, tok, items, spec)
+        assert len(calls) == 1  # every item's prompts in one call
+        # ... the same prompts, in item order, as one call per item would send
+        singles = [plan_strategy(tok, q, c, spec).prompts for q, c in items]
+        assert calls[0] == [p for prompts in singles for p in prompts]
+        assert [r.strategy for r in batched] == [strategy] * 3
+        sizes = [len(p) for p in singles]
+        # each result comes from its own item's generations
+        firsts = [sum(sizes[:i]) for i in range(3)]
+        if strategy == "trim":
+            assert [r.answer for r in batched] == [f"a1-{i}" for i in firsts]
+        else:
+            assert all(r.answer.startswith("a1-") for r in batched)
+            assert [sum(r.votes.values()) for r in batched] == sizes

@@ -49,15 +49,15 @@ def test_answer_loss_equals_the_models_own_loss_and_gradients(wrapped):
     from medray.train.collate import model_inputs
     from medray.train.step import TorchEngine, answer_loss
 
-    batch = model_inputs(_batch())
+    batch = _batch()
     reference = _tiny_llama()
-    ref = reference(**batch, use_cache=False).loss
+    ref = reference(**model_inputs(batch), use_cache=False).loss
     ref.backward()
 
     model = _tiny_llama()
     module = _NoLogitsToKeep(model) if wrapped else model
     engine = TorchEngine(module, torch.optim.SGD(model.parameters(), lr=0.0))
-    summed, n = answer_loss(engine, batch)
+    summed, n = answer_loss(engine, batch, torch.device("cpu"))
     assert int(n) == 3 + 4 + 2  # each row's answer tokens (the first label has no predictor)
     loss = summed / n
     loss.backward()
@@ -67,14 +67,13 @@ def test_answer_loss_equals_the_models_own_loss_and_gradients(wrapped):
 
 
 def test_only_positions_with_a_target_reach_the_vocabulary_projection():
-    from medray.train.collate import model_inputs
     from medray.train.step import TorchEngine, answer_loss
 
     model = _tiny_llama()
     seen: list[tuple[int, ...]] = []
     model.lm_head.register_forward_hook(lambda _m, args, _out: seen.append(tuple(args[0].shape)))
-    batch = model_inputs(_batch())
-    answer_loss(TorchEngine(model, torch.optim.SGD(model.parameters(), lr=0.0)), batch)
+    answer_loss(TorchEngine(model, torch.optim.SGD(model.parameters(), lr=0.0)), _batch(),
+                torch.device("cpu"))
     # positions t with labels[:, t+1] set in some row: rows end at 20, 13, 17 with answers of
     # 3, 4, 2 tokens -> t in {16..18} U {8..11} U {14, 15} = 9 positions of the 20
     assert seen == [(3, 9, 32)]

@@ -31,9 +31,10 @@ class EvalWorker:
     def ready(self) -> bool:
         return True
 
-    def predict(self, example: dict[str, Any]) -> dict[str, Any]:
-        """One example (a row of the examples table) -> one predictions-file row."""
-        return self.predictor.predict([example])[0]
+    def predict(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Examples (rows of the examples table) -> their predictions-file rows, answered
+        in one engine call."""
+        return self.predictor.predict(examples)
 
     def close(self) -> None:
         self.predictor.close()
@@ -49,34 +50,46 @@ def worker_class(cfg: Any, max_concurrency: int) -> Any:
 def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
              api_key: str | None = None) -> int:
     """Send `pending` through `cfg.actors` actors; `write(row)` as each answer arrives.
-    Returns the number of requests made."""
+    Returns the number of items requested.
+
+    A thread-safe engine (an HTTP client of Serve or an API) gets one item per request,
+    `max_in_flight` outstanding, in patient order (the server's prefix cache sees a patient's
+    questions together); one that is not (in-process vLLM) gets whole engine calls
+    (EvalPlan.engine_calls: with E+Q+A one patient's items), one running and one queued per
+    actor."""
     import ray
 
     cfg = plan.cfg
     n_actors = min(cfg.actors, len(pending))
-    # An engine that is not thread-safe (in-process vLLM) takes one request at a time.
-    per_actor = (max(1, -(-cfg.max_in_flight // n_actors)) if cfg.engine.entry.thread_safe
-                 else 1)
+    thread_safe = cfg.engine.entry.thread_safe
+    calls = plan.engine_calls(pending)
+    if thread_safe:
+        units, window = [[row] for call in calls for row in call], cfg.max_in_flight
+        per_actor = max(1, -(-cfg.max_in_flight // n_actors))
+    else:
+        units, window, per_actor = calls, 2 * n_actors, 1
     worker_cls = worker_class(cfg, per_actor)
     config = cfg.model_dump(mode="json")
     actors = [worker_cls.remote(config, api_key, plan.shots, plan.loglik, plan.max_new_tokens)
               for _ in range(n_actors)]
     ray.get([a.ready.remote() for a in actors])
-    queue = list(reversed(pending))
+    queue = list(reversed(units))
     in_flight: dict[Any, int] = {}
     load = [0] * n_actors
     requested = 0
     try:
         while queue or in_flight:
-            while queue and len(in_flight) < cfg.max_in_flight:
+            while queue and len(in_flight) < window:
                 i = min(range(n_actors), key=load.__getitem__)  # least-loaded actor
-                in_flight[actors[i].predict.remote(queue.pop())] = i
+                unit = queue.pop()
+                in_flight[actors[i].predict.remote(unit)] = i
                 load[i] += 1
-                requested += 1
+                requested += len(unit)
             ready, _ = ray.wait(list(in_flight), num_returns=1)
             for ref in ready:
                 load[in_flight.pop(ref)] -= 1
-                write(ray.get(ref))
+                for row in ray.get(ref):
+                    write(row)
     finally:
         for ref in in_flight:
             ray.cancel(ref, force=False)

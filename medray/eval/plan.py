@@ -4,6 +4,7 @@ have sent anything), the shots (picked once), and what a text-only engine is not
 
 from __future__ import annotations
 
+import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,9 @@ from medray.eval import mcq
 from medray.eval.config import EvalConfig
 from medray.eval.governance import GovernanceError, check_external_use
 from medray.prompts import PromptSpec
+
+CALL = 16  # items per engine call
+PATIENT_CALL = 128  # at most this many of one patient's questions per call (E+Q+A)
 
 
 @dataclass
@@ -46,6 +50,30 @@ class EvalPlan:
     @property
     def asked(self) -> pd.DataFrame:
         return self.items[~self.items["id"].isin(self.skipped_images)]
+
+    def engine_calls(self, pending: list[dict]) -> list[list[dict]]:
+        """The pending items cut into engine calls, a patient's items next to each other
+        (patients in order of first appearance, items in table order within one).
+
+        With the epicrisis first (E+Q+A) a patient's questions share it as a prompt prefix:
+        each call then holds one patient's items (up to PATIENT_CALL) and the engine's prefix
+        cache computes the epicrisis once for all of them. Otherwise CALL items per call
+        (a crash loses at most one call's answers)."""
+        if not pending:
+            return []
+        if self.data.kind == "generative" and "context_id" in pending[0]:
+            first: dict[Any, int] = {}
+            for i, row in enumerate(pending):
+                first.setdefault(row["context_id"], i)
+            pending = sorted(pending, key=lambda row: first[row["context_id"]])  # stable
+            if self.prompt.format == "eqa":
+                calls: list[list[dict]] = []
+                for _, rows in itertools.groupby(pending, key=lambda row: row["context_id"]):
+                    group = list(rows)
+                    calls += [group[i:i + PATIENT_CALL]
+                              for i in range(0, len(group), PATIENT_CALL)]
+                return calls
+        return [pending[i:i + CALL] for i in range(0, len(pending), CALL)]
 
 
 def default_cache_path() -> Path:

@@ -84,7 +84,7 @@ class Predictor:
                 return [self._serve_qa(ex) for ex in examples]
             if self.spec.external or not hasattr(self.engine, "tokenizer"):
                 return self._whole_context(examples)
-            return [self._strategy(ex) for ex in examples]
+            return self._strategies(examples)
         items = [mcq.example_dict(ex) for ex in examples]
         if hasattr(self.engine, "mcq"):
             return [self._serve_mcq(ex) for ex in items]
@@ -105,20 +105,23 @@ class Predictor:
                          context_tokens=p.context_tokens, strategy=p.strategy,
                          prompt_tokens=res.get("prompt_tokens"))
 
-    def _strategy(self, ex: Mapping[str, Any]) -> dict[str, Any]:
-        from medray.strategies import run_strategy
+    def _strategies(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """The examples' prompts (per the long-context strategy) in one engine call."""
+        from medray.strategies import run_strategies
 
         p, budget = self.prompt, self._generative_budget()
         if budget != p.max_new_tokens:
             p = p.model_copy(update={"max_new_tokens": budget})
         generate = getattr(self.engine, "generate_ids", self.engine.generate)
-        res = run_strategy(lambda prompts: generate(prompts, max_new_tokens=budget),
-                           self.engine.tokenizer, ex["question"],
-                           self.data.context(ex["context_id"]), p)
-        return self._row(ex, res.answer, raw_output=res.raw, logprob=res.logprob,
-                         n_tokens=res.n_tokens, prompt_format=p.format,
-                         context_tokens=p.context_tokens, strategy=p.strategy,
-                         prompt_tokens=res.prompt_tokens)
+        results = run_strategies(lambda prompts: generate(prompts, max_new_tokens=budget),
+                                 self.engine.tokenizer,
+                                 [(ex["question"], self.data.context(ex["context_id"]))
+                                  for ex in examples], p)
+        return [self._row(ex, res.answer, raw_output=res.raw, logprob=res.logprob,
+                          n_tokens=res.n_tokens, prompt_format=p.format,
+                          context_tokens=p.context_tokens, strategy=p.strategy,
+                          prompt_tokens=res.prompt_tokens)
+                for ex, res in zip(examples, results, strict=True)]
 
     def _whole_context(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         from medray.prompts import medqaro_prompt

@@ -25,9 +25,6 @@ from medray.eval.prompting import with_resolved_prompt
 
 __all__ = ["EvalPlan", "plan_eval", "predict", "run_eval", "with_resolved_prompt"]
 
-BATCH = 16  # in-process: items per engine call (a crash loses at most one batch)
-
-
 def config_record(cfg: EvalConfig) -> dict[str, Any]:
     """config.json: the config as given, paths resolved (no key: only the name of its
     variable); `prompt` holds the fields it set (the model's own prompt is in metrics.json)."""
@@ -99,10 +96,9 @@ def _run_local(plan: EvalPlan, pending: list[dict], engine: Any,
     predictor = Predictor(plan.cfg, plan.data, engine=engine, shots=plan.shots,
                           loglik=plan.loglik, max_new_tokens=plan.max_new_tokens, **kwargs)
     try:
-        for start in range(0, len(pending), BATCH):
-            batch = pending[start:start + BATCH]
-            stats["requested"] += len(batch)
-            for row in predictor.predict(batch):
+        for call in plan.engine_calls(pending):
+            stats["requested"] += len(call)
+            for row in predictor.predict(call):
                 write(row)
     finally:
         built = predictor.engine

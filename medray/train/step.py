@@ -30,9 +30,8 @@ def train_step(engine: Any, batch: dict[str, Any], device: Any) -> StepResult:
     The accumulation boundary is read from the engine BEFORE `step()`: DeepSpeed advances
     its micro-step counter inside `step()`, after which the answer is the next one's.
     """
-    inputs = to_device(model_inputs(batch), device)
     boundary = bool(engine.is_gradient_accumulation_boundary())
-    summed, n = answer_loss(engine, inputs)
+    summed, n = answer_loss(engine, batch, device)
     loss = summed / n
     engine.backward(loss)
     engine.step()
@@ -41,30 +40,31 @@ def train_step(engine: Any, batch: dict[str, Any], device: Any) -> StepResult:
 
 def eval_loss(engine: Any, batch: dict[str, Any], device: Any) -> tuple[Any, Any]:
     """(summed token loss, number of loss tokens) of one validation micro-batch."""
-    summed, n = answer_loss(engine, to_device(model_inputs(batch), device))
+    summed, n = answer_loss(engine, batch, device)
     return summed.detach(), n
 
 
-def answer_loss(engine: Any, inputs: dict[str, Any]) -> tuple[Any, Any]:
-    """(summed cross-entropy, number of target tokens): the causal-LM loss the model's own
-    `labels=` path computes (position t predicts label t+1; -100 ignored; fp32 logits),
-    with the vocabulary projection run only where some row of the micro-batch has a target.
+def answer_loss(engine: Any, batch: dict[str, Any], device: Any) -> tuple[Any, Any]:
+    """(summed cross-entropy, number of target tokens) of a host-side micro-batch: the
+    causal-LM loss the model's own `labels=` path computes (position t predicts label t+1;
+    -100 ignored; fp32 logits), with the vocabulary projection run only where some row of
+    the micro-batch has a target.
 
     Labels cover the answer alone, so the full projection would compute logits for the
     whole context and discard almost all of them: on a long epicrisis with a 128k vocabulary
-    that is gigabytes of logits (and their gradient) per example. A model whose forward has
+    that is gigabytes of logits (and their gradient) per example. The positions are found on
+    the host, so the device never waits on a data-dependent shape. A model whose forward has
     no `logits_to_keep` gets the full projection, sliced afterwards (same loss).
     """
     import torch
 
-    labels = inputs["labels"]
-    targets = labels[:, 1:]
-    keep = (targets != -100).any(dim=0).nonzero().squeeze(1)  # positions with a target
-    model_inputs_ = {k: v for k, v in inputs.items() if k != "labels"}
+    keep = (batch["labels"][:, 1:] != -100).any(dim=0).nonzero().squeeze(1).to(device)
+    inputs = to_device(model_inputs(batch), device)
+    targets = inputs.pop("labels")[:, 1:]
     if _accepts_logits_to_keep(engine):
-        logits = engine(**model_inputs_, logits_to_keep=keep, use_cache=False).logits
+        logits = engine(**inputs, logits_to_keep=keep, use_cache=False).logits
     else:
-        logits = engine(**model_inputs_, use_cache=False).logits[:, keep]
+        logits = engine(**inputs, use_cache=False).logits[:, keep]
     picked = targets[:, keep]
     summed = torch.nn.functional.cross_entropy(
         logits.float().reshape(-1, logits.shape[-1]), picked.reshape(-1),
