@@ -163,10 +163,10 @@ def test_baselines_go_through_eval(ray_session, medqaro_prepared, tmp_path):
     assert 0 <= summary["metrics"]["medqaro"]["metrics"]["f1"]["mean"] < 0.5
 
 
-@pytest.mark.parametrize("fmt", ["eqa", "qea"])
-def test_engine_calls_keep_a_patients_items_together(medqaro_prepared, fmt):
-    """In-process engines get a patient's questions together (E+Q+A: one call per patient,
-    so the prefix cache computes the epicrisis once); nothing is lost or duplicated."""
+@pytest.mark.parametrize(("fmt", "kind"), [("eqa", "vllm"), ("qea", "vllm"), ("eqa", "hf")])
+def test_engine_calls_keep_a_patients_items_together(medqaro_prepared, tiny_model, fmt, kind):
+    """Engines get a patient's questions together (vLLM with E+Q+A: one call per patient,
+    so its prefix cache computes the epicrisis once); nothing is lost or duplicated."""
     import random
 
     from medray.eval.config import EvalConfig
@@ -174,7 +174,7 @@ def test_engine_calls_keep_a_patients_items_together(medqaro_prepared, fmt):
 
     cfg = EvalConfig.model_validate({
         "data": str(medqaro_prepared), "split": "test",
-        "engine": {"kind": "baseline", "baseline": "majority"},
+        "engine": {"kind": kind, "model": str(tiny_model)},
         "prompt": {"format": fmt, "context_tokens": 128}})
     plan = plan_eval(cfg)
     rows = [plain_row(r) for r in plan.asked.to_dict("records")]
@@ -187,7 +187,7 @@ def test_engine_calls_keep_a_patients_items_together(medqaro_prepared, fmt):
     runs = [cid for i, cid in enumerate(patients) if i == 0 or cid != patients[i - 1]]
     assert len(runs) == len(set(runs))
     assert runs == list(dict.fromkeys(r["context_id"] for r in shuffled))
-    if fmt == "eqa":
+    if (fmt, kind) == ("eqa", "vllm"):
         assert all(len({r["context_id"] for r in call}) == 1 for call in calls)
         assert all(len(call) <= PATIENT_CALL for call in calls)
         assert len(calls) == len(runs)  # small data: one call per patient

@@ -56,8 +56,8 @@ class EvalPlan:
         (patients in order of first appearance, items in table order within one).
 
         With the epicrisis first (E+Q+A) a patient's questions share it as a prompt prefix:
-        each call then holds one patient's items (up to PATIENT_CALL) and the engine's prefix
-        cache computes the epicrisis once for all of them. Otherwise CALL items per call
+        for vLLM, whose prefix cache then computes the epicrisis once for all of them, each
+        call holds one patient's items (up to PATIENT_CALL). Otherwise CALL items per call
         (a crash loses at most one call's answers)."""
         if not pending:
             return []
@@ -66,7 +66,7 @@ class EvalPlan:
             for i, row in enumerate(pending):
                 first.setdefault(row["context_id"], i)
             pending = sorted(pending, key=lambda row: first[row["context_id"]])  # stable
-            if self.prompt.format == "eqa":
+            if self.prompt.format == "eqa" and self.cfg.engine.kind == "vllm":
                 calls: list[list[dict]] = []
                 for _, rows in itertools.groupby(pending, key=lambda row: row["context_id"]):
                     group = list(rows)
