@@ -170,7 +170,7 @@ def tokenisation_placement(model_dir: str, data_dir: Path, work: Path,
 
     import ray
 
-    from medray.tokenization import IN_PROCESS_MAX_CHARS, split_contexts, tokenize_contexts
+    from medray.tokenization import split_contexts, tokenise_in_process, tokenize_contexts
 
     cpus = os.cpu_count() or 1
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
@@ -186,7 +186,7 @@ def tokenisation_placement(model_dir: str, data_dir: Path, work: Path,
                 t0 = time.perf_counter()
                 table, _how = tokenize_contexts(data, model_dir, splits, concurrency=2, **kwargs)
                 times[where] = time.perf_counter() - t0
-            picked = ("in-process" if chars <= IN_PROCESS_MAX_CHARS or cpus < 4 else "pool")
+            picked = "in-process" if tokenise_in_process(chars, cpus) else "pool"
             out.append({"factor": k, "contexts": len(table), "chars": chars, **times,
                         "picked": picked})
     finally:

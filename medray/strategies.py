@@ -180,8 +180,7 @@ def finish_strategy(plan: Plan, gens: Sequence[Generation]) -> StrategyResult:
 
 def run_strategy(generate: GenerateFn, tokenizer: Any, question: str, context: str,
                  spec: PromptSpec) -> StrategyResult:
-    plan = plan_strategy(tokenizer, question, context, spec)
-    return finish_strategy(plan, generate(plan.prompts))
+    return run_strategies(generate, tokenizer, [(question, context)], spec)[0]
 
 
 def run_strategies(generate: GenerateFn, tokenizer: Any,

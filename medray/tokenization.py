@@ -259,6 +259,12 @@ IN_PROCESS_MAX_CHARS = 30_000_000
 POOL_MIN_CPUS = 4  # with fewer, the actors share the cores the driver's loop would use
 
 
+def tokenise_in_process(chars: int, cluster_cpus: float,
+                        max_chars: int = IN_PROCESS_MAX_CHARS) -> bool:
+    """Whether the driver's own loop is the faster place for `chars` of epicrisis text."""
+    return chars <= max_chars or cluster_cpus < POOL_MIN_CPUS
+
+
 def split_contexts(data_dir: str | os.PathLike, splits: Sequence[str]) -> Any:
     """The epicrises (context_id, text) that the examples of `splits` read, once each."""
     import pandas as pd
@@ -283,7 +289,7 @@ def tokenize_contexts(data_dir: str | os.PathLike, tokenizer_path: str,
 
     texts = split_contexts(data_dir, splits)
     chars = int(texts["text"].str.len().sum())
-    if chars <= in_process_max_chars or cluster_cpus < POOL_MIN_CPUS:
+    if tokenise_in_process(chars, cluster_cpus, in_process_max_chars):
         from medray.models import load_tokenizer
 
         tok = load_tokenizer(tokenizer_path)
