@@ -239,6 +239,27 @@ def test_robiology_format_determinism_and_truth(robiology, tmp_path):
     assert keys.count("A") / len(keys) > 0.3
 
 
+def test_robiology_paper_scale_fills_its_splits_with_distinct_items(monkeypatch):
+    from medray.data import synth_mcq
+    from medray.data.synth_mcq import ROBIO_SIZES, robiology_items
+
+    splits = robiology_items(0, "paper")  # in memory: ~2 s
+    assert {k: len(v) for k, v in splits.items()} == ROBIO_SIZES["paper"]
+    signature = {split: {(it["question"], tuple(sorted(it["options"]))) for it in items}
+                 for split, items in splits.items()}
+    for split, items in splits.items():  # only the planted duplicates repeat inside a split
+        dupes = sum(1 for it in items if it["dupe_id"]) // 2
+        assert len(signature[split]) == len(items) - dupes
+    assert not signature["train"] & signature["test"]
+    assert not signature["train"] & signature["validation"]
+    # a corpus the statement bank cannot fill is an error, never an endless loop
+    true, false = synth_mcq.T.BIO["celula"]
+    monkeypatch.setattr(synth_mcq.T, "BIO", {"celula": (true[:4], false[:4])})
+    monkeypatch.setattr(synth_mcq, "MAX_DRAWS_PER_ITEM", 2)
+    with pytest.raises(RuntimeError, match="distinct train items"):
+        robiology_items(0, "paper")
+
+
 # ---------------------------------------------------------------- EuropeMedQA
 def _png_ok(data: bytes) -> tuple[int, int]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n"

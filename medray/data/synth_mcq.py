@@ -3,7 +3,8 @@
 RoBiology (``train.json``, ``validation.json``, ``test.json``): single choice (4 options at
 the olympiad, 5 at admission), group choice (4 statements, key by the group code table) and
 multiple choice (5 options, key = sorted letters). Keys are derived from statements marked
-true/false in ``synth_mcq_text.BIO``, so they are always consistent. Single-choice keys lean
+true/false in ``synth_mcq_text.BIO``, so they are always consistent; each kind has a few
+question stems. Single-choice keys lean
 towards 'A' (40%). A few duplicate groups (shared ``dupe_id``) stay inside one split.
 
 EuropeMedQA (``europemedqa.csv`` + ``images/*.png``): IT, FR, ES, PT items with five options
@@ -44,6 +45,24 @@ EMQ_COLUMNS = ["questionID", "testyear", "numberintest", "picture_provided", "qu
                "picture_link", "option_a", "option_b", "option_c", "option_d", "option_e",
                "correct_option", "correct_fulltext", "language"]
 SINGLE_KEY_WEIGHTS = (0.4, 0.2, 0.2, 0.2)  # RoBiology: 'A' over-represented
+# Question stems per kind. Item uniqueness is over (question, set of options), and the
+# statement bank alone holds fewer distinct option sets than the paper-scale splits need
+# (about 1,700 single-choice sets for about 7,000 single-choice items).
+STEMS = {
+    "single-choice": ("Referitor la {topic}, alegeți afirmația corectă:",
+                      "Alegeți afirmația corectă referitoare la {topic}:",
+                      "Care dintre următoarele afirmații despre {topic} este corectă?",
+                      "Precizați afirmația adevărată despre {topic}:",
+                      "Identificați enunțul corect privind {topic}:",
+                      "Despre {topic} este adevărat că:"),
+    "group-choice": ("Referitor la {topic}, sunt corecte afirmațiile:",
+                     "Despre {topic} sunt adevărate afirmațiile:",
+                     "Privind {topic}, sunt corecte enunțurile:"),
+    "multiple-choice": ("Referitor la {topic}, alegeți afirmațiile corecte:",
+                        "Care dintre următoarele afirmații despre {topic} sunt corecte?",
+                        "Alegeți enunțurile adevărate despre {topic}:"),
+}
+MAX_DRAWS_PER_ITEM = 50  # a corpus the bank cannot fill fails instead of looping forever
 
 
 def _cap(s: str) -> str:
@@ -51,7 +70,7 @@ def _cap(s: str) -> str:
 
 
 # ---------------------------------------------------------------- RoBiology
-def _robio_item(rng: random.Random) -> dict:
+def _robio_item(rng: random.Random, stem_rng: random.Random) -> dict:
     # Olympiads have single and group choice; admission books single and multiple choice.
     kind = rng.choices(("single-choice", "group-choice", "multiple-choice"), (2, 1, 1))[0]
     olympiad = kind == "group-choice" or (kind == "single-choice" and rng.random() < 0.6)
@@ -70,13 +89,12 @@ def _robio_item(rng: random.Random) -> dict:
         key = rng.choices(range(n), weights=weights)[0]
         opts = rng.sample(false, n - 1)
         opts.insert(key, rng.choice(true))
-        question, answer = f"Referitor la {topic}, alegeți afirmația corectă:", LETTERS[key]
+        answer = LETTERS[key]
     elif kind == "group-choice":
         answer = rng.choice(LETTERS)
         truth = [i in GROUP_CODES[answer] for i in range(1, 5)]
         ts, fs = iter(rng.sample(true, 4)), iter(rng.sample(false, 4))
         opts = [next(ts) if t else next(fs) for t in truth]
-        question = f"Referitor la {topic}, sunt corecte afirmațiile:"
     else:
         n_true = rng.choices((1, 2, 3, 4), weights=(1, 3, 3, 2))[0]
         truth = [True] * n_true + [False] * (5 - n_true)
@@ -84,7 +102,8 @@ def _robio_item(rng: random.Random) -> dict:
         ts, fs = iter(rng.sample(true, n_true)), iter(rng.sample(false, 5 - n_true))
         opts = [next(ts) if t else next(fs) for t in truth]
         answer = "".join(LETTERS[i] for i, t in enumerate(truth) if t)
-        question = f"Referitor la {topic}, alegeți afirmațiile corecte:"
+    # Stems come from their own stream: the statements and keys drawn do not depend on them.
+    question = stem_rng.choice(STEMS[kind]).format(topic=topic)
     return {"question": question, "type": kind, "options": [_cap(o) for o in opts],
             "grade": grade, "stage": stage, "year": str(rng.randint(2012, 2024)),
             "right_answer": answer, "source": source, "dupe_id": None}
@@ -93,14 +112,19 @@ def _robio_item(rng: random.Random) -> dict:
 def robiology_items(seed: int, scale: str) -> dict[str, list[dict]]:
     """Items per split, unique across the corpus except the planted duplicate groups."""
     check_scale(scale)
-    rng = random.Random(f"robiology:{seed}")
+    rng, stem_rng = random.Random(f"robiology:{seed}"), random.Random(f"robiology-stem:{seed}")
     seen: set[tuple] = set()
     out: dict[str, list[dict]] = {}
     for split, size in ROBIO_SIZES[scale].items():
         n_groups = ROBIO_DUPE_GROUPS[scale][split]
         items: list[dict] = []
+        draws = 0
         while len(items) < size - n_groups:
-            item = _robio_item(rng)
+            draws += 1
+            if draws > MAX_DRAWS_PER_ITEM * size:
+                raise RuntimeError(f"synthetic RoBiology {scale!r}: the statement bank gave only "
+                                   f"{len(items)} distinct {split} items of {size}")
+            item = _robio_item(rng, stem_rng)
             sig = (item["question"], tuple(sorted(item["options"])))
             if sig not in seen:  # no accidental duplicate, in particular none across splits
                 seen.add(sig)
