@@ -130,8 +130,11 @@ def test_cancelled_run_resumes_without_rerequesting(serve_app, medqaro_prepared,
     summary = run_eval(cfg, out)
     requested = _qa_count(serve_app) - before
     assert requested == 30 - 12  # finished items were never requested again
-    assert summary["requests"] == {"selected": 30, "resumed": 12, "requested": 18,
-                                   "written": 18}
+    assert {k: summary["requests"][k] for k in ("selected", "resumed", "requested", "written",
+                                                "reasked", "actors_replaced")} == \
+        {"selected": 30, "resumed": 12, "requested": 18, "written": 18, "reasked": 0,
+         "actors_replaced": 0}
+    assert len(summary["requests"]["actors"]) == 2  # where each actor ran
     rows = _rows(out / "predictions.jsonl")
     assert len(rows) == 30 and len({r["id"] for r in rows}) == 30
     assert [r["id"] for r in rows[:12]] == [r["id"] for r in first]
@@ -141,6 +144,45 @@ def test_cancelled_run_resumes_without_rerequesting(serve_app, medqaro_prepared,
     before = _qa_count(serve_app)
     assert run_eval(cfg, out)["requests"]["requested"] == 0
     assert _qa_count(serve_app) == before
+
+
+def test_an_actor_lost_mid_run_is_replaced_and_nothing_is_lost_or_written_twice(
+        serve_app, medqaro_prepared, tmp_path, monkeypatch):
+    import os
+    import signal
+
+    import psutil
+
+    from medray.eval.config import load_eval_config
+    from medray.eval.runner import run_eval
+
+    monkeypatch.setenv("MEDRAY_TEST_KEY", serve_app[1])
+    cfg = load_eval_config(_write_config(
+        tmp_path / "eval.yaml", data=str(medqaro_prepared), split="test_cross",
+        engine=_serve_engine(serve_app), prompt={"context_tokens": 96}, actors=2, max_in_flight=4,
+        limit=40, score={"resamples": 50, "wordnet": False}))
+    killed: list[int] = []
+
+    def kill_one_actor(row: dict) -> None:
+        if killed:
+            return
+        # An evaluation actor's process, as a crash or a lost node ends it.
+        pids = [p.pid for p in psutil.process_iter(["cmdline"])
+                if any("ray::EvalWorker" in part for part in p.info["cmdline"] or ())]
+        assert pids, "no evaluation actor process found"
+        os.kill(pids[0], signal.SIGKILL)
+        killed.append(pids[0])
+
+    out = tmp_path / "run"
+    summary = run_eval(cfg, out, on_prediction=kill_one_actor)
+    rows = _rows(out / "predictions.jsonl")
+    assert len(rows) == 40 and len({r["id"] for r in rows}) == 40
+    requests = summary["requests"]
+    assert requests["actors_replaced"] == 1 and requests["written"] == 40
+    # the lost actor's unanswered items were asked once more, and written once
+    assert requests["reasked"] >= 1 and requests["requested"] == 40 + requests["reasked"]
+    assert len(requests["actors"]) == 3 and all(a["node_id"] for a in requests["actors"])
+    assert summary["metrics"]["medqaro"]["n"] == 40
 
 
 def test_baselines_go_through_eval(ray_session, medqaro_prepared, tmp_path):

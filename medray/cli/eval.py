@@ -194,6 +194,7 @@ def _run(cfg: Any, plan: Any, output: Path, display: Any, address: str | None,
     from medray.data.schema import DataError
     from medray.engines.api import MissingAPIKey
     from medray.engines.registry import EngineSpecError
+    from medray.eval.actors import PoolError
     from medray.eval.runio import RunMismatch
     from medray.eval.runner import run_eval
 
@@ -213,6 +214,8 @@ def _run(cfg: Any, plan: Any, output: Path, display: Any, address: str | None,
             except (MissingAPIKey, EngineSpecError, RunMismatch, DataError,
                     FileNotFoundError, ValueError) as err:
                 fail(str(err))
+            except PoolError as err:  # not the user's input: exit 1, the answers kept
+                fail(str(err), code=1)
     raise AssertionError("unreachable")  # fail() raised
 
 
@@ -272,8 +275,10 @@ def _print_summary(summary: dict, output: Path, as_json: bool) -> None:
     for line in lines[1:]:
         typer.echo(line)
     req = summary["requests"]
+    lost = (f", {req['actors_replaced']} evaluation actor(s) lost and replaced "
+            f"({req['reasked']} items asked again)" if req.get("actors_replaced") else "")
     typer.echo(f"requests: {req['requested']} sent, {req['resumed']} resumed from "
-               f"{output}/predictions.jsonl; metrics in {output}/metrics.json", err=True)
+               f"{output}/predictions.jsonl{lost}; metrics in {output}/metrics.json", err=True)
 
 
 def report_cmd(

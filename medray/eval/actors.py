@@ -28,8 +28,12 @@ class EvalWorker:
         self.predictor = Predictor(cfg, data, shots=shots, loglik=loglik,
                                    max_new_tokens=max_new_tokens, **kwargs)
 
-    def ready(self) -> bool:
-        return True
+    def where(self) -> dict[str, str]:
+        """The node this actor runs on (recorded in metrics.json)."""
+        import ray
+
+        ctx = ray.get_runtime_context()
+        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
 
     def predict(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Examples (rows of the examples table) -> their predictions-file rows, answered
@@ -47,17 +51,31 @@ def worker_class(cfg: Any, max_concurrency: int) -> Any:
     return ray.remote(**cfg.engine.actor_options(), max_concurrency=max_concurrency)(EvalWorker)
 
 
+MAX_REPLACEMENTS = 3  # actor deaths one evaluation survives before it stops (answers kept)
+
+
+class PoolError(RuntimeError):
+    """The evaluation actors kept dying; what was answered is in the predictions file."""
+
+
 def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
-             api_key: str | None = None) -> int:
+             api_key: str | None = None) -> dict[str, Any]:
     """Send `pending` through `cfg.actors` actors; `write(row)` as each answer arrives.
-    Returns the number of items requested.
+    Returns {"requested": items sent (a re-asked item counts again), "reasked",
+    "actors": where each actor ran, "replaced": actors lost}.
 
     A thread-safe engine (an HTTP client of Serve or an API) gets one item per request,
     `max_in_flight` outstanding, in patient order (the server's prefix cache sees a patient's
     questions together); one that is not (in-process vLLM) gets whole engine calls
     (EvalPlan.engine_calls: with E+Q+A one patient's items), one running and one queued per
-    actor."""
+    actor.
+
+    An actor that dies (its process, or its node) is replaced by a fresh one, which Ray
+    places on a node still alive, and the units it held go back to the queue. A unit's
+    rows are written only once its whole call returned, so nothing is lost or written twice.
+    """
     import ray
+    from ray.exceptions import RayActorError
 
     cfg = plan.cfg
     n_actors = min(cfg.actors, len(pending))
@@ -70,29 +88,51 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
         units, window, per_actor = calls, 2 * n_actors, 1
     worker_cls = worker_class(cfg, per_actor)
     config = cfg.model_dump(mode="json")
-    actors = [worker_cls.remote(config, api_key, plan.shots, plan.loglik, plan.max_new_tokens)
-              for _ in range(n_actors)]
-    ray.get([a.ready.remote() for a in actors])
+
+    def start(n: int) -> list[Any]:
+        new = [worker_cls.remote(config, api_key, plan.shots, plan.loglik, plan.max_new_tokens)
+               for _ in range(n)]
+        placements.extend(ray.get([a.where.remote() for a in new]))
+        return new
+
+    placements: list[dict[str, str]] = []
+    actors = start(n_actors)
     queue = list(reversed(units))
-    in_flight: dict[Any, int] = {}
+    in_flight: dict[Any, tuple[int, Any, list[dict]]] = {}  # ref -> (slot, actor, unit)
     load = [0] * n_actors
-    requested = 0
+    requested = reasked = replaced = 0
     try:
         while queue or in_flight:
             while queue and len(in_flight) < window:
                 i = min(range(n_actors), key=load.__getitem__)  # least-loaded actor
                 unit = queue.pop()
-                in_flight[actors[i].predict.remote(unit)] = i
+                in_flight[actors[i].predict.remote(unit)] = (i, actors[i], unit)
                 load[i] += 1
                 requested += len(unit)
             ready, _ = ray.wait(list(in_flight), num_returns=1)
             for ref in ready:
-                load[in_flight.pop(ref)] -= 1
-                for row in ray.get(ref):
+                i, actor, unit = in_flight.pop(ref)
+                load[i] -= 1
+                try:
+                    rows = ray.get(ref)
+                except RayActorError as exc:
+                    queue.append(unit)  # asked again, first
+                    reasked += len(unit)
+                    if actor is actors[i]:  # the first of its failed calls replaces it
+                        replaced += 1
+                        if replaced > MAX_REPLACEMENTS:
+                            raise PoolError(f"{replaced} evaluation actors died (last: "
+                                            f"{type(exc).__name__}); the answers so far are "
+                                            "kept: rerun the same command to resume") from exc
+                        ray.kill(actor)
+                        actors[i] = start(1)[0]
+                    continue
+                for row in rows:
                     write(row)
     finally:
         for ref in in_flight:
             ray.cancel(ref, force=False)
         for a in actors:
             ray.kill(a)
-    return requested
+    return {"requested": requested, "reasked": reasked, "actors": placements,
+            "replaced": replaced}
