@@ -217,3 +217,45 @@ def test_training_refuses_checkpoints_on_one_nodes_local_disk(cluster, tiny_mode
     assert proc.returncode != 0
     assert "sweep output" in proc.stdout and "is not shared storage" in proc.stdout
     assert WORKER_IP in proc.stdout and "Traceback" not in proc.stdout
+
+
+# ---------------------------------------------------------------- evaluation on two nodes
+
+def test_evaluation_spreads_over_both_nodes_and_survives_losing_one(
+        cluster, tiny_model, medqaro_prepared, tmp_path: Path) -> None:
+    import time
+
+    import yaml
+
+    shared = Path(cluster["MEDRAY_SHARED"])
+    config = tmp_path / "eval.yaml"
+    config.write_text(yaml.safe_dump({
+        "data": str(medqaro_prepared), "split": "test", "limit": 64,
+        "engine": {"kind": "vllm", "model": str(tiny_model)}, "prompt": {"context_tokens": 128},
+        "actors": 2, "score": {"modes": ["medqaro"], "resamples": 50, "wordnet": False}}))
+    out = shared / "eval"
+    proc = subprocess.Popen(
+        [str(SCRIPTS / "cluster_exec.sh"), sys.executable, "-m", "medray", "eval", "--config",
+         str(config), "--output", str(out)], cwd=ROOT, env={**os.environ, **cluster},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        # Lose the worker node once the first answers are saved: what it held is asked again.
+        predictions, deadline = out / "predictions.jsonl", time.time() + 240
+        while not (predictions.exists() and predictions.read_text().count("\n") >= 16):
+            assert proc.poll() is None and time.time() < deadline, proc.stdout.read()
+            time.sleep(0.5)
+        _run(SCRIPTS / "cluster_kill_node.sh", "worker", env=cluster)
+        console, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        _run(SCRIPTS / "cluster_up.sh", "--rejoin-worker", env=cluster, timeout=120)
+    assert proc.returncode == 0, console[-3000:]
+    assert "Traceback" not in console and "lost and replaced" in console
+    rows = [json.loads(line) for line in predictions.read_text().splitlines()]
+    assert len(rows) == 64 and len({r["id"] for r in rows}) == 64  # none lost, none twice
+    requests = json.loads((out / "metrics.json").read_text())["requests"]
+    first_two = sorted(a["node_ip"] for a in requests["actors"][:2])
+    assert first_two == [HEAD_IP, WORKER_IP]  # one actor per node
+    assert requests["actors_replaced"] >= 1 and requests["actors"][-1]["node_ip"] == HEAD_IP
+    assert requests["requested"] == 64 + requests["reasked"]

@@ -48,7 +48,8 @@ def worker_class(cfg: Any, max_concurrency: int) -> Any:
     """The evaluation actor class with its resource request (GPUs for vLLM on GPU)."""
     import ray
 
-    return ray.remote(**cfg.engine.actor_options(), max_concurrency=max_concurrency)(EvalWorker)
+    return ray.remote(**cfg.engine.actor_options(), max_concurrency=max_concurrency,
+                      scheduling_strategy=cfg.actor_placement)(EvalWorker)
 
 
 MAX_REPLACEMENTS = 3  # actor deaths one evaluation survives before it stops (answers kept)
@@ -92,7 +93,12 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
     def start(n: int) -> list[Any]:
         new = [worker_cls.remote(config, api_key, plan.shots, plan.loglik, plan.max_new_tokens)
                for _ in range(n)]
-        placements.extend(ray.get([a.where.remote() for a in new]))
+        try:
+            placements.extend(ray.get([a.where.remote() for a in new]))
+        except RayActorError:
+            for a in new:
+                ray.kill(a)
+            raise
         return new
 
     placements: list[dict[str, str]] = []
@@ -118,14 +124,20 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
                 except RayActorError as exc:
                     queue.append(unit)  # asked again, first
                     reasked += len(unit)
-                    if actor is actors[i]:  # the first of its failed calls replaces it
+                    if actor is not actors[i]:
+                        continue  # already replaced by the first of its failed calls
+                    ray.kill(actor)
+                    while True:  # a replacement placed on a node that is dying dies too
                         replaced += 1
                         if replaced > MAX_REPLACEMENTS:
                             raise PoolError(f"{replaced} evaluation actors died (last: "
                                             f"{type(exc).__name__}); the answers so far are "
                                             "kept: rerun the same command to resume") from exc
-                        ray.kill(actor)
-                        actors[i] = start(1)[0]
+                        try:
+                            actors[i] = start(1)[0]
+                            break
+                        except RayActorError as again:
+                            exc = again
                     continue
                 for row in rows:
                     write(row)

@@ -60,6 +60,8 @@ class EvalConfig(Strict):
     cache: Path | None = None  # API response cache (default: see medray.eval.plan)
     actors: int = Field(2, ge=1)
     max_in_flight: int = Field(4, ge=1)  # requests outstanding across all actors
+    # SPREAD: the actors go to different nodes where Ray can (one node: no difference)
+    actor_placement: Literal["SPREAD", "DEFAULT"] = "SPREAD"
     fine_tuned: bool | None = None  # for the report's "fine-tuned" column
     score: ScoreSpec = Field(default_factory=ScoreSpec)
 
@@ -75,7 +77,7 @@ class EvalConfig(Strict):
 
 # Settings that change how the run is executed, not what it computes: a resume may change
 # them (more actors, a larger rate limit) without mixing two runs in one folder.
-EXECUTION_ONLY = ("actors", "max_in_flight", "cache", "engine.concurrency",
+EXECUTION_ONLY = ("actors", "max_in_flight", "actor_placement", "cache", "engine.concurrency",
                   "engine.requests_per_minute", "engine.max_retries", "engine.timeout_s")
 
 
