@@ -85,8 +85,11 @@ def check_shared_storage(path: str | os.PathLike, what: str) -> None:
     nodes = [n for n in ray.nodes() if n["Alive"]]
     if len(nodes) < 2:
         return
+    # The nearest folder that exists: a refused run must not leave folders behind, and a
+    # folder made later under a shared one is shared too.
     folder = Path(path).resolve()
-    folder.mkdir(parents=True, exist_ok=True)
+    while not folder.is_dir() and folder != folder.parent:
+        folder = folder.parent
     marker = folder / f".medray-shared-check-{uuid.uuid4().hex}"
     marker.write_text("medray")
 
@@ -103,5 +106,6 @@ def check_shared_storage(path: str | os.PathLike, what: str) -> None:
         marker.unlink(missing_ok=True)
     if blind:
         raise StorageNotShared(
-            f"{what} {folder} is not shared storage: node(s) {', '.join(sorted(blind))} do "
-            "not see it. Use a folder every node mounts (NFS) or a URI (s3://, gs://)")
+            f"{what} {Path(path).resolve()} is not shared storage: node(s) "
+            f"{', '.join(sorted(blind))} do not see {folder}. Use a folder every node mounts "
+            "(NFS) or a URI (s3://, gs://)")

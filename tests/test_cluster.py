@@ -208,6 +208,8 @@ def test_training_refuses_checkpoints_on_one_nodes_local_disk(cluster, tiny_mode
     assert proc.returncode != 0
     assert "is not shared storage" in proc.stdout and WORKER_IP in proc.stdout
     assert "Traceback" not in proc.stdout
+    # refused before anything was written: no run folder left on the head's disk
+    assert not (Path(cluster["MEDRAY_CLUSTER_DIR"]) / "head" / "local" / "run").exists()
     # a sweep is refused the same way: its trials write under its folder from either node
     proc = _ray_job(cluster, "submit", "--runtime-env-json", RUNTIME_ENV, "--",
                     "python", "-m", "medray", "tune", "--config", "configs/tiny-cpu.yaml",
@@ -259,3 +261,66 @@ def test_evaluation_spreads_over_both_nodes_and_survives_losing_one(
     assert first_two == [HEAD_IP, WORKER_IP]  # one actor per node
     assert requests["actors_replaced"] >= 1 and requests["actors"][-1]["node_ip"] == HEAD_IP
     assert requests["requested"] == 64 + requests["reasked"]
+
+
+# ---------------------------------------------------------------- Serve on two nodes
+
+REPLICAS_AND_ANSWERS = """
+    import json, time
+    import httpx
+    import ray
+    from ray.util.state import list_actors
+    ray.init(log_to_driver=False)
+    ips = {{n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}}
+    alive = list_actors(filters=[("state", "=", "ALIVE")])
+    replicas = sorted(ips[a.node_id] for a in alive if "LLM" in a.class_name)
+    answered, deadline = 0, time.time() + 120
+    codes = []
+    while answered < {answers} and time.time() < deadline:  # consecutive answers
+        try:
+            r = httpx.post("http://127.0.0.1:8000/v1/qa", timeout=30, json={{
+                "question": "Care este stadiul?", "context": "Diagnostic: carcinom. Stadiu: II.",
+                "max_new_tokens": 4}})
+            codes.append(r.status_code)
+            answered = answered + 1 if r.status_code == 200 else 0
+        except httpx.HTTPError as exc:
+            codes.append(type(exc).__name__)
+            answered = 0
+        if answered == 0:
+            time.sleep(1)
+    print(json.dumps({{"replicas": replicas, "answered": answered, "codes": codes[-20:],
+                      "classes": sorted({{a.class_name for a in alive}})}}))
+"""
+
+
+def test_two_llm_replicas_on_two_nodes_and_the_service_survives_losing_one(
+        cluster, tiny_model, tmp_path: Path) -> None:
+    import yaml
+
+    config = tmp_path / "serve.yaml"
+    config.write_text(yaml.safe_dump({
+        "proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": [{"name": "medray", "route_prefix": "/",
+                          "import_path": "medray.serve_app:build_app",
+                          "args": {"model": str(tiny_model), "device": "cpu",
+                                   "max_model_len": 256, "require_auth": False,
+                                   "prompt": {"context_tokens": 128},
+                                   "llm": {"num_replicas": 2, "num_cpus": 1},
+                                   "ingress": {"num_replicas": 1, "num_cpus": 0.5}}}]}))
+    _run(SCRIPTS / "cluster_exec.sh", sys.executable, "-m", "medray", "serve", "--config",
+         config, "--no-block", "--logs", tmp_path / "logs", env=cluster, timeout=300)
+    killed = False
+    try:
+        before = _on_cluster(cluster, REPLICAS_AND_ANSWERS.format(answers=3))
+        assert before["replicas"] == [HEAD_IP, WORKER_IP], before  # one replica per node
+        assert before["answered"] == 3, before["codes"]
+        _run(SCRIPTS / "cluster_kill_node.sh", "worker", env=cluster)
+        killed = True
+        after = _on_cluster(cluster, REPLICAS_AND_ANSWERS.format(answers=5))
+        assert after["answered"] == 5, after["codes"]  # the head's replica answers alone
+        assert HEAD_IP in after["replicas"]
+    finally:
+        _on_cluster(cluster, "import json, ray; from ray import serve; ray.init(); "
+                    "serve.shutdown(); print(json.dumps({}))", timeout=120)
+        if killed:
+            _run(SCRIPTS / "cluster_up.sh", "--rejoin-worker", env=cluster, timeout=120)

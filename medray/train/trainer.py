@@ -283,10 +283,10 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     checked = preflight(cfg)
     from medray.fsutil import claim_directory
 
-    claim_directory(output, force=True, command="train")  # refusals: the CLI, before
     require_connected("training")  # joined by the entry point, with scaling.local_cpus()
     # Workers on other nodes write checkpoints there and the driver exports from there.
     check_shared_storage(checkpoint_storage(cfg, output), "checkpoint storage")
+    claim_directory(output, force=True, command="train")  # refusals: the CLI, before
     log(f"preflight ok: {checked.n_train} train / {checked.n_val} val examples, "
         f"LoRA targets {checked.lora_targets}")
 
