@@ -4,8 +4,8 @@ RoBiology (``train.json``, ``validation.json``, ``test.json``): single choice (4
 the olympiad, 5 at admission), group choice (4 statements, key by the group code table) and
 multiple choice (5 options, key = sorted letters). Keys are derived from statements marked
 true/false in ``synth_mcq_text.BIO``, so they are always consistent; each kind has a few
-question stems. Single-choice keys lean
-towards 'A' (40%). A few duplicate groups (shared ``dupe_id``) stay inside one split.
+question stems. Single-choice keys lean towards 'A' (40%). A few duplicate groups (shared
+``dupe_id``) stay inside one split.
 
 EuropeMedQA (``europemedqa.csv`` + ``images/*.png``): IT, FR, ES, PT items with five options
 and the key on 'A' for ~90% of single-answer items (the bias the loader's shuffle undoes),

@@ -63,7 +63,7 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
              api_key: str | None = None) -> dict[str, Any]:
     """Send `pending` through `cfg.actors` actors; `write(row)` as each answer arrives.
     Returns {"requested": items sent (a re-asked item counts again), "reasked",
-    "actors": where each actor ran, "replaced": actors lost}.
+    "actors": where each actor ran, "actors_replaced"}.
 
     A thread-safe engine (an HTTP client of Serve or an API) gets one item per request,
     `max_in_flight` outstanding, in patient order (the server's prefix cache sees a patient's
@@ -90,6 +90,9 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
     worker_cls = worker_class(cfg, per_actor)
     config = cfg.model_dump(mode="json")
 
+    placements: list[dict[str, str]] = []
+    replaced = 0
+
     def start(n: int) -> list[Any]:
         new = [worker_cls.remote(config, api_key, plan.shots, plan.loglik, plan.max_new_tokens)
                for _ in range(n)]
@@ -101,12 +104,25 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
             raise
         return new
 
-    placements: list[dict[str, str]] = []
+    def replacement(exc: Exception) -> Any:
+        """A fresh actor; one placed on a node that is dying dies too and is replaced."""
+        nonlocal replaced
+        while True:
+            replaced += 1
+            if replaced > MAX_REPLACEMENTS:
+                raise PoolError(f"{replaced} evaluation actors died (last: "
+                                f"{type(exc).__name__}); the answers so far are kept: rerun "
+                                "the same command to resume") from exc
+            try:
+                return start(1)[0]
+            except RayActorError as again:
+                exc = again
+
     actors = start(n_actors)
     queue = list(reversed(units))
     in_flight: dict[Any, tuple[int, Any, list[dict]]] = {}  # ref -> (slot, actor, unit)
     load = [0] * n_actors
-    requested = reasked = replaced = 0
+    requested = reasked = 0
     try:
         while queue or in_flight:
             while queue and len(in_flight) < window:
@@ -124,20 +140,9 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
                 except RayActorError as exc:
                     queue.append(unit)  # asked again, first
                     reasked += len(unit)
-                    if actor is not actors[i]:
-                        continue  # already replaced by the first of its failed calls
-                    ray.kill(actor)
-                    while True:  # a replacement placed on a node that is dying dies too
-                        replaced += 1
-                        if replaced > MAX_REPLACEMENTS:
-                            raise PoolError(f"{replaced} evaluation actors died (last: "
-                                            f"{type(exc).__name__}); the answers so far are "
-                                            "kept: rerun the same command to resume") from exc
-                        try:
-                            actors[i] = start(1)[0]
-                            break
-                        except RayActorError as again:
-                            exc = again
+                    if actor is actors[i]:  # not yet replaced by another failed call
+                        ray.kill(actor)
+                        actors[i] = replacement(exc)
                     continue
                 for row in rows:
                     write(row)
@@ -147,4 +152,4 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
         for a in actors:
             ray.kill(a)
     return {"requested": requested, "reasked": reasked, "actors": placements,
-            "replaced": replaced}
+            "actors_replaced": replaced}

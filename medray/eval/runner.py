@@ -80,9 +80,7 @@ def predict(plan: EvalPlan, out: Path, engine: Any = None,
             key_env = cfg.engine.engine_kwargs().get("api_key_env")
             api_key = os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env \
                 else None
-            pool = run_pool(plan, pending, write, api_key=api_key)
-            stats.update(requested=pool["requested"], reasked=pool["reasked"],
-                         actors=pool["actors"], actors_replaced=pool["replaced"])
+            stats.update(run_pool(plan, pending, write, api_key=api_key))
         else:
             info = _run_local(plan, pending, engine, write, stats)
     return stats, info
