@@ -321,27 +321,20 @@ def context_table(contexts_ds: Any) -> dict[str, Any]:
 def examples_dataset(data_dir: str | os.PathLike, split: str, tokenizer_path: str,
                      contexts_ref: Any, spec: PromptSpec, *, ids: list[str] | None = None,
                      num_cpus: float = 0.5) -> Any:
-    """Lazy Ray Dataset of assembled examples for one split (streamed to Train workers).
-
-    The examples table (questions, answers, context ids: a few MB even at paper scale) is
-    read here, in file order, and handed to Ray Data as a frame: a Ray Data read task could
-    land on a node that does not see data.path, and Ray 2.60's Parquet reader starts a pool
-    of actors at every execution (every epoch). What streams is the assembled token rows,
-    which grow with the context length."""
-    import pyarrow.parquet as pq
+    """Lazy Ray Dataset of assembled examples for one split (streamed to Train workers)."""
     import ray
 
     if spec.strategy not in TRAIN_STRATEGIES:
         raise ValueError(f"prompt.strategy {spec.strategy!r} cannot be trained; expected "
                          f"one of {TRAIN_STRATEGIES}")
-    from medray.data.prepared import EXAMPLES
+    from medray.data.prepared import read_table
 
-    frame = pq.read_table(Path(data_dir) / EXAMPLES,
-                          columns=["id", "question", "answer", "context_id"],
-                          filters=[("split", "==", split)]).to_pandas()
+    ds = read_table(data_dir, "examples", ["id", "split", "question", "answer", "context_id"]
+                    ).filter(expr=f"split == '{split}'")
     if ids is not None:  # a fixed subset (max_*_examples), chosen by the driver
-        frame = frame[frame["id"].isin(set(ids))].reset_index(drop=True)
-    return ray.data.from_pandas(frame).map_batches(
+        wanted = set(ids)
+        ds = ds.filter(lambda r: r["id"] in wanted)
+    return ds.map_batches(
         ExampleAssembler,
         fn_constructor_kwargs={"tokenizer_path": tokenizer_path, "contexts": contexts_ref,
                                "spec": spec},

@@ -10,6 +10,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 import pyarrow as pa
@@ -83,3 +84,15 @@ def write_prepared(
             pq.write_table(contexts, tmp / CONTEXTS)
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, ensure_ascii=False) + "\n")
     return out
+
+
+def read_table(path: str | os.PathLike, table: str = "examples",
+               columns: list[str] | None = None) -> Any:
+    """One table of a prepared dataset ("examples" or "contexts") as a lazy Ray Dataset:
+    the streamed reads of training and evaluation go through here, like load_prepared's."""
+    import ray.data
+
+    names = {"examples": EXAMPLES, "contexts": CONTEXTS}
+    if table not in names:
+        raise ValueError(f"unknown prepared table {table!r}; expected one of {sorted(names)}")
+    return ray.data.read_parquet(str(Path(path) / names[table]), columns=columns)

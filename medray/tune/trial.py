@@ -49,13 +49,17 @@ class ReportToTune(TuneReportCallback):
         super().after_report(run_context, metrics, checkpoint)
 
 
-def _quiet_data() -> None:
-    """No Ray Data progress bars for the datasets this trial process builds (each Dataset
-    keeps the DataContext it was created under, so the Train workers' pipelines get it too):
-    Tune's status table reports the trials; per-trial bars interleaved in one log hide it.
+def _quiet_fast_data() -> None:
+    """Ray Data settings for the datasets this trial process builds (each Dataset keeps the
+    DataContext it was created under, so the Train workers' pipelines get them too): the
+    small-data Parquet reader (see medray.raycluster) and no progress bars (Tune's status
+    table reports the trials; per-trial bars interleaved in one log only hide it).
     """
     from ray.data import DataContext
 
+    from medray.raycluster import use_small_data_reader
+
+    use_small_data_reader()
     DataContext.get_current().enable_progress_bars = False
 
 
@@ -77,7 +81,7 @@ def run_trial(config: dict, base: dict) -> None:
     _event(trial_dir, "start", trial_id=ctx.get_trial_id(), pid=os.getpid())
     cfg = TrainConfig.model_validate(trial_config(base, config))
     me = ray.get_runtime_context().current_actor
-    _quiet_data()
+    _quiet_fast_data()
     # Same Train run name + storage on a restart: Train V2 resumes from its last checkpoint.
     metrics = run_training(cfg, out, callbacks=[ReportToTune(me)])
     last = metrics["epochs"][-1] if metrics.get("epochs") else {}
