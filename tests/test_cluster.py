@@ -271,9 +271,6 @@ REPLICAS_AND_ANSWERS = """
     import ray
     from ray.util.state import list_actors
     ray.init(log_to_driver=False)
-    ips = {{n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}}
-    alive = list_actors(filters=[("state", "=", "ALIVE")])
-    replicas = sorted(ips[a.node_id] for a in alive if "LLM" in a.class_name)
     answered, deadline = 0, time.time() + 120
     codes = []
     while answered < {answers} and time.time() < deadline:  # consecutive answers
@@ -288,6 +285,10 @@ REPLICAS_AND_ANSWERS = """
             answered = 0
         if answered == 0:
             time.sleep(1)
+    # listed once the service answers: right after a node is lost the list is in flux
+    ips = {{n["NodeID"]: n["NodeManagerAddress"] for n in ray.nodes()}}
+    alive = list_actors(filters=[("state", "=", "ALIVE")])
+    replicas = sorted(ips[a.node_id] for a in alive if "LLM" in a.class_name)
     print(json.dumps({{"replicas": replicas, "answered": answered, "codes": codes[-20:],
                       "classes": sorted({{a.class_name for a in alive}})}}))
 """
@@ -307,8 +308,18 @@ def test_two_llm_replicas_on_two_nodes_and_the_service_survives_losing_one(
                                    "prompt": {"context_tokens": 128},
                                    "llm": {"num_replicas": 2, "num_cpus": 1},
                                    "ingress": {"num_replicas": 1, "num_cpus": 0.5}}}]}))
-    _run(SCRIPTS / "cluster_exec.sh", sys.executable, "-m", "medray", "serve", "--config",
-         config, "--no-block", "--logs", tmp_path / "logs", env=cluster, timeout=300)
+    served = _run(SCRIPTS / "cluster_exec.sh", sys.executable, "-m", "medray", "serve",
+                  "--config", config, "--no-block", "--logs", tmp_path / "logs", env=cluster,
+                  timeout=300)
+    # `medray serve` records where each replica started (and says so on its console)
+    line = next(x for x in served.stdout.splitlines() if x.startswith("replicas: "))
+    assert HEAD_IP in line and WORKER_IP in line and "placement.json" in line, line
+    placement = json.loads((tmp_path / "logs" / "placement.json").read_text())
+    llm = [d for name, d in placement["deployments"].items() if "LLM" in name]
+    assert len(llm) == 1, placement
+    assert sorted(r["node_ip"] for r in llm[0]) == [HEAD_IP, WORKER_IP], placement
+    assert {r["state"] for r in llm[0]} == {"RUNNING"}, placement
+    assert "start-up placement" in placement["how"]
     killed = False
     try:
         before = _on_cluster(cluster, REPLICAS_AND_ANSWERS.format(answers=3))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -16,6 +16,20 @@ def _init_ray(address: str | None, num_cpus: int | None) -> None:
     from medray.raycluster import connect
 
     connect(address, num_cpus=num_cpus, log_to_driver=False)
+
+
+def _record_placement(app_name: str, logs: Path, display: Any) -> None:
+    """Which node each replica started on: LOGS/placement.json and one console line."""
+    import datetime
+
+    from medray.fsutil import write_json_atomic
+    from medray.serving.placement import HOW, placement_line, replica_placement
+
+    placement = replica_placement(app_name)
+    write_json_atomic(logs / "placement.json", {
+        "app": app_name, "deployments": placement, "how": HOW,
+        "recorded_at": datetime.datetime.now(datetime.UTC).isoformat()})
+    display.print(f"replicas: {placement_line(placement)} (placement: {logs}/placement.json)")
 
 
 def serve_cmd(
@@ -51,6 +65,7 @@ def serve_cmd(
 
             serve.start(http_options={"host": spec.host, "port": spec.port})
             serve.run(build_app(spec.args), name=spec.name, route_prefix=spec.route_prefix)
+        _record_placement(spec.name, logs, display)
         names = [spec.args.model_id, *spec.args.adapters, *spec.args.models]
         display.print(f"serving {', '.join(names)} at http://{spec.host}:{spec.port}"
                       f"{spec.route_prefix} (logs: {logs}){'; Ctrl-C stops' if block else ''}")
