@@ -33,6 +33,7 @@ from rich.progress import (
 )
 
 _TERMINAL: Console | None = None  # set while a quiet command runs
+_LAST_LOG: Path | None = None  # the log of the quiet command this process ran
 TAIL_LINES = 15
 
 
@@ -169,7 +170,7 @@ def link_ray_logs(log_dir: Path) -> None:
 @contextmanager
 def command_console(name: str, log_dir: Path, *, verbose: bool = False) -> Iterator[Display]:
     """Run a command with a clean console (see the module docstring)."""
-    global _TERMINAL
+    global _TERMINAL, _LAST_LOG
     if verbose:
         display = Display(Console(highlight=False, soft_wrap=True), None)
         yield display
@@ -178,6 +179,7 @@ def command_console(name: str, log_dir: Path, *, verbose: bool = False) -> Itera
     made = [d for d in (log_dir, *log_dir.parents) if not d.exists()]
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.log"
+    _LAST_LOG = log_path
     with open(log_path, "a", buffering=1, encoding="utf-8", errors="replace") as log:
         log.write(f"\n===== medray {name} {time.strftime('%Y-%m-%d %H:%M:%S')} =====\n")
         failure: BaseException | None = None
@@ -220,6 +222,22 @@ def command_console(name: str, log_dir: Path, *, verbose: bool = False) -> Itera
             err.print(f"  {line}", markup=False)
     err.print(f"full log: {log_path}", markup=False)
     raise typer.Exit(1)
+
+
+def exit_output_to_log() -> None:
+    """After a quiet command's last line: what the interpreter writes while it exits (Ray's
+    threads and finalizers, e.g. after a node was lost) goes to that command's log too."""
+    if _LAST_LOG is None or not _LAST_LOG.exists():
+        return
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    log = open(_LAST_LOG, "a", buffering=1, encoding="utf-8", errors="replace")  # noqa: SIM115
+    os.dup2(log.fileno(), 1)
+    os.dup2(log.fileno(), 2)
+    sys.stdout = sys.stderr = log
 
 
 def ray_quiet_settings() -> dict[str, Any]:

@@ -47,4 +47,10 @@ _register_evaluation(app)
 
 
 def main() -> None:
-    app()
+    """The `medray` command: the app, then exit noise kept off the person's terminal."""
+    from medray.console import exit_output_to_log
+
+    try:
+        app()
+    finally:
+        exit_output_to_log()
