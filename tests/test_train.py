@@ -140,3 +140,40 @@ def test_killed_worker_resumes_from_checkpoint(tiny_trained):
     assert m["resumed_from_step"] == 4
     assert m["epochs"][-1]["epoch"] == 2 and m["epochs"][-1]["step"] == m["plan"]["total_steps"]
     assert (Path(out) / "adapter" / "adapter_model.safetensors").is_file()
+
+
+def test_a_restart_after_the_last_checkpoint_reports_the_final_epoch_again(
+        tiny_trained, tiny_model, medqaro_prepared, tmp_path):
+    """A run interrupted after its last checkpoint was saved, but perhaps before the report
+    reached its caller (a Tune trial would end on its previous epoch): the restart trains
+    nothing and reports the final epoch once more."""
+    import shutil
+
+    import ray.train
+
+    from medray.train.presets import tiny_config
+    from medray.train.trainer import run_training
+
+    reports = tmp_path / "reports.jsonl"
+
+    class RecordReports(ray.train.UserCallback):  # local: pickled by value to the controller
+        def after_report(self, run_context, metrics, checkpoint) -> None:
+            with open(reports, "a") as f:
+                f.write(json.dumps({"metrics": metrics[0],
+                                    "checkpoint": checkpoint is not None}) + "\n")
+
+    before = json.loads((tiny_trained / "metrics.json").read_text())
+    again = tmp_path / "run"
+    shutil.copytree(tiny_trained, again)
+    cfg = tiny_config(tiny_model, medqaro_prepared, [
+        "data.max_train_examples=192", "data.max_val_examples=48",
+        "data.val_generate_examples=8", "prompt.context_tokens=128", "optim.epochs=2",
+        "checkpoint.every_steps=2"])
+    m = run_training(cfg, again, callbacks=[RecordReports()])
+    final = before["epochs"][-1]
+    assert m["resumed_from_step"] == final["step"], m["resumed_from_step"]
+    assert m["epochs"] == before["epochs"]  # nothing trained again
+    sent = [json.loads(x) for x in reports.read_text().splitlines()]
+    assert len(sent) == 1 and sent[0]["checkpoint"], sent
+    assert (sent[0]["metrics"]["epoch"], sent[0]["metrics"]["step"]) == (2, final["step"])
+    assert sent[0]["metrics"]["val_loss"] == pytest.approx(final["val_loss"])

@@ -374,10 +374,27 @@ def _to_tensorboard(run: WorkerRun, record: dict, step: int) -> None:
     run.writer.flush()
 
 
+def _finished(run: WorkerRun) -> bool:
+    return (run.state["epoch"] >= run.cfg.optim.epochs
+            or run.engine.global_steps >= run.plan.total_steps)
+
+
+def report_final_again(run: WorkerRun) -> None:
+    """A restart that finds the last checkpoint already saved has nothing left to train.
+    The interruption may have come after that checkpoint was written but before its report
+    reached the caller (a Tune trial would then end on its previous epoch), so report the
+    final epoch once more, with a checkpoint of this restart's state."""
+    record = run.state["history"][-1]
+    _log(run.rank, f"resumed after the last epoch ({record['epoch']}): reporting it again")
+    run.checkpoint(record)
+
+
 def train_loop_per_worker(config: dict) -> None:
     run = setup_worker(config)
     if not run.resumed:
         initial_evaluation(run)
+    elif _finished(run) and run.state["history"]:
+        report_final_again(run)
     while (run.state["epoch"] < run.cfg.optim.epochs
            and run.engine.global_steps < run.plan.total_steps):
         end_epoch(run, *train_epoch(run))
