@@ -221,6 +221,61 @@ def test_training_refuses_checkpoints_on_one_nodes_local_disk(cluster, tiny_mode
     assert WORKER_IP in proc.stdout and "Traceback" not in proc.stdout
 
 
+def _train_checkpoints(storage: Path) -> list[dict]:
+    """The checkpoints Ray Train has registered (written in full) under its storage."""
+    snapshots = list(storage.glob("*/checkpoint_manager_snapshot.json"))
+    try:
+        return json.loads(snapshots[0].read_text())["checkpoint_results"] if snapshots else []
+    except (json.JSONDecodeError, KeyError):  # caught mid-write
+        return []
+
+
+def test_training_on_both_nodes_finishes_from_a_checkpoint_after_losing_one(
+        cluster, tiny_model, medqaro_prepared) -> None:
+    import time
+
+    out = Path(cluster["MEDRAY_SHARED"]) / "train"
+    job = f"medray-train-{os.getpid()}"
+    # 192 examples = 12 steps of 2 workers x 8; a checkpoint every 2 steps
+    _ray_job(cluster, "submit", "--no-wait", "--submission-id", job, "--runtime-env-json",
+             RUNTIME_ENV, "--", *_train_argv(
+                 tiny_model, medqaro_prepared, str(out), "data.max_train_examples=192",
+                 "optim.epochs=1", "checkpoint.every_steps=2", "fault.max_failures=1"))
+    killed = False
+    try:
+        deadline = time.time() + 240
+        while not _train_checkpoints(out / "ray"):
+            status = _ray_job(cluster, "status", job).stdout
+            assert "RUNNING" in status or "PENDING" in status, status
+            assert time.time() < deadline, _ray_job(cluster, "logs", job).stdout[-3000:]
+            time.sleep(1)
+        _run(SCRIPTS / "cluster_kill_node.sh", "worker", env=cluster)
+        killed = True
+        # Strict spread needs both nodes: the run restarts once the worker is back.
+        _run(SCRIPTS / "cluster_up.sh", "--rejoin-worker", env=cluster, timeout=120)
+        logs = _ray_job(cluster, "logs", "--follow", job, timeout=360).stdout
+    finally:
+        _ray_job(cluster, "stop", job, check=False)
+        if not killed:
+            _run(SCRIPTS / "cluster_up.sh", "--rejoin-worker", env=cluster, timeout=120,
+                 check=False)
+    status = _ray_job(cluster, "status", job).stdout
+    assert "succeeded" in status.lower(), (status, logs[-4000:])
+    assert "Traceback" not in logs, logs
+    m = json.loads((out / "metrics.json").read_text())
+    assert [e["epoch"] for e in m["epochs"]] == [1] and m["epochs"][-1]["step"] == 12
+    # restarted from a checkpoint on the shared storage, not from step 0
+    assert m["resumed_from_step"] and m["resumed_from_step"] % 2 == 0, m["resumed_from_step"]
+    starts = m["workers"]  # per (re)start of the worker group: where each rank ran
+    assert len(starts) == 2, starts
+    for ranks in starts:
+        assert sorted(r["node_ip"] for r in ranks) == [HEAD_IP, WORKER_IP], starts
+    on_worker = [next(r["node_id"] for r in ranks if r["node_ip"] == WORKER_IP)
+                 for ranks in starts]
+    assert on_worker[0] != on_worker[1], starts  # the second start ran on the fresh node
+    assert (out / "adapter" / "adapter_config.json").is_file()
+
+
 # ---------------------------------------------------------------- evaluation on two nodes
 
 def test_evaluation_spreads_over_both_nodes_and_survives_losing_one(
