@@ -111,6 +111,12 @@ def tiny_model(medqaro_prepared, tmp_path_factory) -> Path:
 TRAIN_KILL_MARKER = "killed.json"
 
 
+# The shared tiny run's settings (its worker-kill settings aside).
+TINY_TRAINED_OVERRIDES = [
+    "data.max_train_examples=192", "data.max_val_examples=48", "data.val_generate_examples=8",
+    "prompt.context_tokens=128", "optim.epochs=2", "checkpoint.every_steps=2"]
+
+
 @pytest.fixture(scope="session")
 def tiny_trained(tiny_model, medqaro_prepared, ray_session, tmp_path_factory) -> Path:
     """`medray train` on the tiny model (2 workers, ZeRO-2, LoRA): the run dir with adapter/.
@@ -121,9 +127,7 @@ def tiny_trained(tiny_model, medqaro_prepared, ray_session, tmp_path_factory) ->
 
     out = tmp_path_factory.mktemp("tiny_trained") / "run"
     return run_tiny_training(tiny_model, medqaro_prepared, out, [
-        "data.max_train_examples=192", "data.max_val_examples=48",
-        "data.val_generate_examples=8", "prompt.context_tokens=128", "optim.epochs=2",
-        "checkpoint.every_steps=2", "fault.max_failures=1", "fault.kill_rank=1",
+        *TINY_TRAINED_OVERRIDES, "fault.max_failures=1", "fault.kill_rank=1",
         "fault.kill_at_step=5", f"fault.kill_marker={out.parent / TRAIN_KILL_MARKER}"])
 
 # --- serving and evaluation fixtures ---

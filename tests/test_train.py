@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TRAIN_KILL_MARKER
+from conftest import TINY_TRAINED_OVERRIDES, TRAIN_KILL_MARKER
 
 
 def test_training_lowers_val_loss_and_writes_outputs(tiny_trained):
@@ -146,7 +146,7 @@ def test_a_restart_after_the_last_checkpoint_reports_the_final_epoch_again(
         tiny_trained, tiny_model, medqaro_prepared, tmp_path):
     """A run interrupted after its last checkpoint was saved, but perhaps before the report
     reached its caller (a Tune trial would end on its previous epoch): the restart trains
-    nothing and reports the final epoch once more."""
+    nothing and reports the final epoch once more, with a checkpoint of its own state."""
     import shutil
 
     import ray.train
@@ -165,10 +165,7 @@ def test_a_restart_after_the_last_checkpoint_reports_the_final_epoch_again(
     before = json.loads((tiny_trained / "metrics.json").read_text())
     again = tmp_path / "run"
     shutil.copytree(tiny_trained, again)
-    cfg = tiny_config(tiny_model, medqaro_prepared, [
-        "data.max_train_examples=192", "data.max_val_examples=48",
-        "data.val_generate_examples=8", "prompt.context_tokens=128", "optim.epochs=2",
-        "checkpoint.every_steps=2"])
+    cfg = tiny_config(tiny_model, medqaro_prepared, TINY_TRAINED_OVERRIDES)
     m = run_training(cfg, again, callbacks=[RecordReports()])
     final = before["epochs"][-1]
     assert m["resumed_from_step"] == final["step"], m["resumed_from_step"]

@@ -395,8 +395,7 @@ def train_loop_per_worker(config: dict) -> None:
         initial_evaluation(run)
     elif _finished(run) and run.state["history"]:
         report_final_again(run)
-    while (run.state["epoch"] < run.cfg.optim.epochs
-           and run.engine.global_steps < run.plan.total_steps):
+    while not _finished(run):
         end_epoch(run, *train_epoch(run))
     run.bar.close()
     if run.writer:
