@@ -132,7 +132,7 @@ def make_engine(model: Any, targets: list[str], lr: float, dtype_name: str) -> t
     from peft import get_peft_model
 
     from medray.train.config import TrainConfig, deepspeed_config, peft_lora_config
-    from medray.train.device import cast_parameters
+    from medray.train.device import cast_parameters, skip_shm_comm_build
     from medray.train.step import TorchEngine
 
     cfg = TrainConfig.model_validate({
@@ -151,6 +151,7 @@ def make_engine(model: Any, targets: list[str], lr: float, dtype_name: str) -> t
         import deepspeed
     except ImportError as exc:  # still measures medray's step, without ZeRO
         return TorchEngine(peft_model, optimizer, grad_clip=1.0), f"torch ({exc})"
+    skip_shm_comm_build()
     engine, *_ = deepspeed.initialize(model=peft_model, optimizer=optimizer,
                                       config=deepspeed_config(cfg, 1))
     return engine, f"deepspeed {deepspeed.__version__} ZeRO-2"

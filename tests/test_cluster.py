@@ -230,6 +230,22 @@ def _train_checkpoints(storage: Path) -> list[dict]:
         return []
 
 
+def _stalled(cluster: dict[str, str], job: str, since: float) -> str:
+    """What a stalled training job was doing: its console, `ray status`, and the tails of
+    the Train worker and controller logs each node wrote since the job started."""
+    parts = [_ray_job(cluster, "logs", job, check=False).stdout[-2000:],
+             _run(SCRIPTS / "cluster_exec.sh", RAY, "status", env=cluster, check=False,
+                  timeout=60).stdout]
+    for node in ("head", "worker"):
+        logs = Path(cluster["MEDRAY_CLUSTER_DIR"]) / node / "ray" / "session_latest" / "logs"
+        for f in sorted([*logs.glob("worker-*.out"), *logs.glob("worker-*.err"),
+                         *logs.glob("train/**/*.log")]):
+            text = f.read_text(errors="replace").strip()
+            if f.stat().st_mtime >= since and text:
+                parts.append(f"--- {node}: {f.name}\n" + "\n".join(text.splitlines()[-15:]))
+    return "\n".join(parts)[-12000:]
+
+
 def test_training_on_both_nodes_finishes_from_a_checkpoint_after_losing_one(
         cluster, tiny_model, medqaro_prepared) -> None:
     import time
@@ -243,17 +259,20 @@ def test_training_on_both_nodes_finishes_from_a_checkpoint_after_losing_one(
                  "optim.epochs=1", "checkpoint.every_steps=2", "fault.max_failures=1"))
     killed = False
     try:
-        deadline = time.time() + 240
+        started = time.time()
         while not _train_checkpoints(out / "ray"):
             status = _ray_job(cluster, "status", job).stdout
             assert "RUNNING" in status or "PENDING" in status, status
-            assert time.time() < deadline, _ray_job(cluster, "logs", job).stdout[-3000:]
+            assert time.time() < started + 240, _stalled(cluster, job, started)
             time.sleep(1)
         _run(SCRIPTS / "cluster_kill_node.sh", "worker", env=cluster)
         killed = True
         # Strict spread needs both nodes: the run restarts once the worker is back.
         _run(SCRIPTS / "cluster_up.sh", "--rejoin-worker", env=cluster, timeout=120)
-        logs = _ray_job(cluster, "logs", "--follow", job, timeout=360).stdout
+        try:
+            logs = _ray_job(cluster, "logs", "--follow", job, timeout=360).stdout
+        except subprocess.TimeoutExpired:
+            raise AssertionError(_stalled(cluster, job, started)) from None
     finally:
         _ray_job(cluster, "stop", job, check=False)
         if not killed:

@@ -236,6 +236,17 @@ def test_step_counting_follows_deepspeed(tiny_model, tmp_path, process_group, gr
     assert 0 not in [s for _, s in flagged]  # no "step 0" checkpoint or log line
 
 
+def test_deepspeed_compiles_no_shared_memory_op(tiny_model, tmp_path, process_group):
+    """Only tensor-parallel inference calls DeepSpeed's shm all-reduce; compiling it cost
+    every CPU worker 20-130 s (a two-node run's workers were ready after two minutes)."""
+    import deepspeed.comm.comm as ds_comm
+    from deepspeed.comm.torch import build_shm_op
+
+    _engine(tiny_model, tmp_path, "model.dtype=fp32")
+    assert ds_comm.cdb is not None and ds_comm.cdb.shm_comm_op is None
+    assert build_shm_op() is None  # without the switch: a gcc build, then the op
+
+
 def test_models_load_with_a_device_map_cache_and_attention(tiny_model, tmp_path):
     import torch
 

@@ -22,6 +22,17 @@ def torch_backend(use_gpu: bool) -> str:
     return GPU_BACKEND if use_gpu else CPU_BACKEND
 
 
+def skip_shm_comm_build() -> None:
+    """Keep DeepSpeed from compiling its shared-memory all-reduce op before it sets up
+    communication. On CPU it compiles it with gcc every time (20-130 s on two cores, again
+    whenever the build cache was written from another environment), but only
+    tensor-parallel inference calls it: ZeRO training reduces through torch.distributed.
+    DeepSpeed keeps one dict of compatible ops, and edits to it persist."""
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def ray_device() -> Any:
     from ray.train.torch import get_device
 

@@ -17,8 +17,15 @@ from typing import Any
 from medray.train.checkpoints import load_state, save_checkpoint
 from medray.train.collate import micro_batches
 from medray.train.config import TrainConfig, deepspeed_config, peft_lora_config
-from medray.train.device import all_reduce, cast_parameters, synced, worker_device
+from medray.train.device import (
+    all_reduce,
+    cast_parameters,
+    skip_shm_comm_build,
+    synced,
+    worker_device,
+)
 from medray.train.plan import RunPlan
+from medray.train.progress import rank_zero_bar
 from medray.train.step import eval_loss, train_step
 
 
@@ -35,28 +42,6 @@ def _epoch_batches(shard: Any, cfg: TrainConfig, pad_id: int, epoch: int) -> Any
     return micro_batches(iter_rows_from_batches(batches), batch_size=cfg.optim.micro_batch_size,
                          pad_id=pad_id, mode=d.batching, max_len=cfg.prompt.context_tokens,
                          window=d.group_window, seed=cfg.optim.seed + epoch)
-
-
-class _NoBar:
-    def update(self, n: int = 1) -> None: ...
-    def set_description(self, desc: str) -> None: ...
-    def close(self) -> None: ...
-
-
-def _progress(total: int, initial: int, rank: int, board: str | None) -> Any:
-    """Rank 0's bar: posted to the driver's progress board (medray.train.progress) when the
-    driver draws one, else Ray's tqdm_ray (shown when worker logs reach the driver)."""
-    if rank != 0:
-        return _NoBar()
-    if board:
-        from medray.train.progress import WorkerProgress
-
-        return WorkerProgress(board, total, initial)
-    from ray.experimental.tqdm_ray import tqdm
-
-    bar = tqdm(total=total, desc="train", unit="step")
-    bar.update(initial)
-    return bar
 
 
 def _log(rank: int, msg: str) -> None:
@@ -192,6 +177,7 @@ def build_engine(cfg: TrainConfig, plan: RunPlan, world: int, device: Any) -> tu
                               else "constant_with_warmup", optimizer,
                               num_warmup_steps=min(cfg.optim.warmup_steps, total_steps),
                               num_training_steps=total_steps)
+    skip_shm_comm_build()
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                            lr_scheduler=scheduler,
                                            config=deepspeed_config(cfg, world))
@@ -269,7 +255,7 @@ def setup_worker(config: dict) -> WorkerRun:
         state["resumed_from"] = engine.global_steps
     state.setdefault("workers", []).append(worker_nodes(world))
     writer = _tensorboard(plan.tensorboard_dir, rank)
-    bar = _progress(plan.total_steps, engine.global_steps, rank, plan.progress_board)
+    bar = rank_zero_bar(plan.total_steps, engine.global_steps, rank, plan.progress_board)
     _log(rank, f"worker ready on {device}: {time.perf_counter() - t_start:.1f}s "
                "(model, LoRA, DeepSpeed)")
     return WorkerRun(cfg, plan, rank, world, device, engine, model, tokenizer, scheduler,
@@ -380,10 +366,9 @@ def _finished(run: WorkerRun) -> bool:
 
 
 def report_final_again(run: WorkerRun) -> None:
-    """A restart that finds the last checkpoint already saved has nothing left to train.
-    The interruption may have come after that checkpoint was written but before its report
-    reached the caller (a Tune trial would then end on its previous epoch), so report the
-    final epoch once more, with a checkpoint of this restart's state."""
+    """A restart that finds the last checkpoint saved has nothing left to train, but the
+    interruption may have come before that checkpoint's report reached the caller (a Tune
+    trial would end on its previous epoch): report the final epoch again, with a checkpoint."""
     record = run.state["history"][-1]
     _log(run.rank, f"resumed after the last epoch ({record['epoch']}): reporting it again")
     run.checkpoint(record)

@@ -98,3 +98,23 @@ class TrainingBoard:
             stop.set()
             thread.join(timeout=10)
             ray.kill(self.actor)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None: ...
+    def set_description(self, desc: str) -> None: ...
+    def close(self) -> None: ...
+
+
+def rank_zero_bar(total: int, initial: int, rank: int, board: str | None) -> Any:
+    """Rank 0's bar: posted to the driver's board when the driver draws one, else Ray's
+    tqdm_ray (shown when worker logs reach the driver). Other ranks draw nothing."""
+    if rank != 0:
+        return _NoBar()
+    if board:
+        return WorkerProgress(board, total, initial)
+    from ray.experimental.tqdm_ray import tqdm
+
+    bar = tqdm(total=total, desc="train", unit="step")
+    bar.update(initial)
+    return bar
