@@ -1,7 +1,7 @@
 """Multiple-choice fine-tuning through `medray train` (Ray Train, 2 CPU workers, DeepSpeed
 ZeRO-2, PEFT) on paper-scale synthetic RoBiology for one epoch (1,419 steps); then the
 adapter and the two baselines evaluated by the existing MCQ path with no prompt restated:
-single-choice accuracy must beat both by more than its 95% CI. Budget on 2 cores: ~5 min.
+single-choice accuracy must beat both by more than its 95% CI. Budget on 2 cores: ~6.5 min.
 
 The examples themselves (prompt = evaluation's, loss on key + EOS only) are checked without
 Ray first.
