@@ -24,8 +24,8 @@ def torch_backend(use_gpu: bool) -> str:
 
 def skip_shm_comm_build() -> None:
     """Keep DeepSpeed from compiling its shared-memory all-reduce op before it sets up
-    communication. On CPU it compiles it with gcc every time (20-130 s on two cores, again
-    whenever the build cache was written from another environment), but only
+    communication. On CPU it compiles it with gcc on first use and again whenever its build
+    cache was last written from another environment (20-130 s on two cores), but only
     tensor-parallel inference calls it: ZeRO training reduces through torch.distributed.
     DeepSpeed keeps one dict of compatible ops, and edits to it persist."""
     import deepspeed.ops
