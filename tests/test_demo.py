@@ -131,6 +131,23 @@ def test_reduced_demo_end_to_end(cli_run) -> None:
 
 
 @pytest.mark.timeout(1500)
+def test_reduced_demo_stops_its_vllm_engines_in_order(cli_run, ray_session) -> None:
+    """The demo deletes its two Serve apps; each LLM replica stops vLLM in order (output
+    task, then engine), so no EngineDeadError traceback lands in the replica's log."""
+    logs = Path(ray_session._private.worker._global_node.get_logs_dir_path())
+    replicas = [f for f in logs.glob("worker-*.out")
+                if ":actor_name:ServeReplica:medray-demo-" in f.read_text(errors="replace")[:300]
+                and "GatedLLMServer" in f.read_text(errors="replace")[:300]]
+    assert len(replicas) == 2, sorted(f.name for f in logs.glob("worker-*.out"))
+    for f in replicas:
+        text = f.read_text(errors="replace") + f.with_suffix(".err").read_text(errors="replace")
+        assert "[shutdown] MPClient: start timeout=2.0s" in text, (f.name, text[-2000:])
+        assert "MPClient: complete" in text, (f.name, text[-2000:])
+        for sign in ("output_handler failed", "EngineDeadError", "Traceback"):
+            assert sign not in text, (f.name, sign, text[-3000:])
+
+
+@pytest.mark.timeout(1500)
 def test_reduced_demo_report_shows_types_curve_examples(cli_run) -> None:
     out, _ = cli_run
     report = (out / "report.md").read_text()

@@ -115,6 +115,21 @@ class GatedLLMServer(LLMServer):
         await super().__init__(*args, **kwargs)
         self._gate = ExclusiveGate() if self._llm_config.lora_config is not None else None
 
+    async def __del__(self) -> None:
+        """Stop vLLM in order when Serve stops this replica (its requests already drained):
+        the output task first, then the engine process. Left to itself, vLLM stops the
+        engine first at process exit, and the output task, still waiting on it, logs an
+        EngineDeadError traceback on some stops. The engine process gets two seconds to
+        exit before it is killed; on CPU its graceful exit takes about five."""
+        client = getattr(getattr(self, "engine", None), "_engine_client", None)
+        handler = getattr(client, "output_handler", None)
+        if handler is not None and not handler.done():
+            handler.cancel()
+            await asyncio.gather(handler, return_exceptions=True)
+        if client is not None and hasattr(client, "shutdown"):
+            client.shutdown(timeout=2.0)
+        await super().__del__()
+
     def _gated(self, request: Any, stream: Any) -> Any:
         gate = self._gate
 
