@@ -111,10 +111,10 @@ def table(row: dict) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--scale", choices=("small", "paper"), default="small",
-                    help="synthetic corpus size (small: 90/24/24 items, too few to learn from; "
-                         "paper: 11,347 train items, the README's table with "
-                         "--set optim.epochs=1)")
+    ap.add_argument("--scale", choices=("small", "paper"), default="paper",
+                    help="synthetic corpus size (paper, `medray data synth`'s default for "
+                         "robiology: 11,347 train items; small: 90/24/24 items, too few "
+                         "to learn from)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="training config overrides, e.g. optim.epochs=8")
     ap.add_argument("--json", help="also write the row as JSON here")

@@ -31,6 +31,8 @@ class DatasetSpec:
     shots: tuple[int, ...] = (0,)  # in-context example counts the protocol allows
     # Replies start with the item's question id ("IT0001: A"); another id is non-conforming.
     id_prefix: bool = False
+    # `medray data synth`'s default scale: the smallest corpus its tiny recipe learns from.
+    synthetic_scale: Literal["small", "paper"] = "small"
 
     def budget(self, kind: str = "") -> int | None:
         """None: no protocol budget (the PromptSpec's max_new_tokens applies)."""
@@ -63,7 +65,8 @@ DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in (
         synthetic="medray.data.synth_mcq:write_robiology",
         prompt="medray.prompts:robiology_item_prompt",
         max_new_tokens={"single": 5, "group": 5, "multiple": 10, "group_as_multiple": 10},
-        shots=(0, 1, 3, 5)),
+        # 90 small items teach the tiny model only the answer format; 11,347 teach content.
+        shots=(0, 1, 3, 5), synthetic_scale="paper"),
     DatasetSpec(
         name="europemedqa", kind="mcq", clinical=False,
         loader="medray.data.loaders:load_europemedqa",

@@ -401,18 +401,13 @@ def test_two_llm_replicas_on_two_nodes_and_the_service_survives_losing_one(
     assert sorted(r["node_ip"] for r in llm[0]) == [HEAD_IP, WORKER_IP], placement
     assert {r["state"] for r in llm[0]} == {"RUNNING"}, placement
     assert "start-up placement" in placement["how"]
-    killed = False
-    try:
-        before = _on_cluster(cluster, REPLICAS_AND_ANSWERS.format(answers=3))
-        assert before["replicas"] == [HEAD_IP, WORKER_IP], before  # one replica per node
-        assert before["answered"] == 3, before["codes"]
-        _run(SCRIPTS / "cluster_kill_node.sh", "worker", env=cluster)
-        killed = True
-        after = _on_cluster(cluster, REPLICAS_AND_ANSWERS.format(answers=5))
-        assert after["answered"] == 5, after["codes"]  # the head's replica answers alone
-        assert HEAD_IP in after["replicas"]
-    finally:
-        _on_cluster(cluster, "import json, ray; from ray import serve; ray.init(); "
-                    "serve.shutdown(); print(json.dumps({}))", timeout=120)
-        if killed:
-            _run(SCRIPTS / "cluster_up.sh", "--rejoin-worker", env=cluster, timeout=120)
+    # The module's last test: the fixture's cluster_down.sh stops Serve with the cluster
+    # (a Serve shutdown after the node loss waits ~20 s for the lost replica), and the
+    # worker is not brought back.
+    before = _on_cluster(cluster, REPLICAS_AND_ANSWERS.format(answers=3))
+    assert before["replicas"] == [HEAD_IP, WORKER_IP], before  # one replica per node
+    assert before["answered"] == 3, before["codes"]
+    _run(SCRIPTS / "cluster_kill_node.sh", "worker", env=cluster)
+    after = _on_cluster(cluster, REPLICAS_AND_ANSWERS.format(answers=5))
+    assert after["answered"] == 5, after["codes"]  # the head's replica answers alone
+    assert HEAD_IP in after["replicas"]

@@ -110,3 +110,16 @@ def test_synthetic_mcq_datasets_prepare(robiology_prepared, europemedqa_prepared
                     pd.read_parquet(robiology_prepared / "examples.parquet")["id"].iloc[-1],
                     "--shots", "3")
     assert prompt.count("# Answer:") == 3
+
+
+def test_synth_defaults_to_the_corpus_its_tiny_recipe_learns_from(tmp_path):
+    """RoBiology defaults to the paper-sized corpus (the README's fine-tuning commands pass
+    no --scale; 90 items teach the tiny model only the answer format), MedQARo to small."""
+    assert "scale paper" in invoke("data", "synth", "-d", "robiology", "--out",
+                                   str(tmp_path / "rb"))
+    assert len(json.loads((tmp_path / "rb" / "train.json").read_text())) == 11_347
+    assert "scale small" in invoke("data", "synth", "-d", "robiology", "--scale", "small",
+                                   "--out", str(tmp_path / "rb-small"))
+    assert len(json.loads((tmp_path / "rb-small" / "train.json").read_text())) == 90
+    assert "scale small" in invoke("data", "synth", "-d", "medqaro", "--out",
+                                   str(tmp_path / "mq"))

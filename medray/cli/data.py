@@ -10,7 +10,11 @@ import typer
 
 from medray.choices import Compat, Dataset, PromptFormat, Scale
 from medray.console import fail
+from medray.datasets import DATASETS
 from medray.prompts import REFERENCE_MAX_NEW_TOKENS
+
+SCALE_HELP = "corpus size (default per dataset: " + ", ".join(
+    f"{name} {spec.synthetic_scale}" for name, spec in DATASETS.items()) + ")"
 
 app = typer.Typer(rich_markup_mode=None,
                   help="Synthesise, prepare and inspect benchmark data.",
@@ -28,7 +32,7 @@ def synth(
     dataset: DatasetOpt,
     out: Annotated[Path, typer.Option(help="directory for the raw files")],
     seed: int = 0,
-    scale: Annotated[Scale, typer.Option(help="corpus size")] = Scale.small,
+    scale: Annotated[Scale | None, typer.Option(help=SCALE_HELP)] = None,
     force: ForceOpt = False,
 ) -> None:
     """Write deterministic synthetic data in the benchmark's released raw format."""
@@ -36,6 +40,7 @@ def synth(
     from medray.fsutil import OutputRefused
 
     write = generators.WRITERS[dataset.value]
+    scale = scale or Scale(DATASETS[dataset.value].synthetic_scale)
     try:
         path = write(out, seed=seed, scale=scale.value, force=force)
     except OutputRefused as err:
