@@ -340,7 +340,9 @@ def test_evaluation_spreads_over_both_nodes_and_survives_losing_one(
     assert len(rows) == n and len({r["id"] for r in rows}) == n  # none lost, none twice
     first_two = sorted(a["node_ip"] for a in requests["actors"][:2])
     assert first_two == [HEAD_IP, WORKER_IP]  # one actor per node
-    assert requests["actors_replaced"] >= 1 and requests["actors"][-1]["node_ip"] == HEAD_IP
+    assert requests["actors_replaced"] >= 1
+    # replacements that started ran on the head: the worker node was gone
+    assert all(a["node_ip"] == HEAD_IP for a in requests["actors"][2:]), requests
     assert requests["requested"] == n + requests["reasked"]
 
 

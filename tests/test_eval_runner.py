@@ -181,7 +181,8 @@ def test_an_actor_lost_mid_run_is_replaced_and_nothing_is_lost_or_written_twice(
     assert requests["actors_replaced"] == 1 and requests["written"] == 40
     # the lost actor's unanswered items were asked once more, and written once
     assert requests["reasked"] >= 1 and requests["requested"] == 40 + requests["reasked"]
-    assert len(requests["actors"]) == 3 and all(a["node_id"] for a in requests["actors"])
+    # the replacement is listed once it has started: the live actor may finish first
+    assert len(requests["actors"]) in (2, 3) and all(a["node_id"] for a in requests["actors"])
     assert summary["metrics"]["medqaro"]["n"] == 40
 
 

@@ -74,6 +74,9 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
     An actor that dies (its process, or its node) is replaced by a fresh one, which Ray
     places on a node still alive, and the units it held go back to the queue. A unit's
     rows are written only once its whole call returned, so nothing is lost or written twice.
+    Actors get work once they have started (`where` answered), and the pool keeps feeding
+    the live ones while a replacement starts (a vLLM actor takes ~30 s on 2 cores), so one
+    can end the run unstarted: `actors` lists the actors that started.
     """
     import ray
     from ray.exceptions import RayActorError
@@ -87,38 +90,35 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
         per_actor = max(1, -(-cfg.max_in_flight // n_actors))
     else:
         units, window, per_actor = calls, 2 * n_actors, 1
+    per_slot = -(-window // max(n_actors, 1))  # units outstanding on one actor
     worker_cls = worker_class(cfg, per_actor)
     config = cfg.model_dump(mode="json")
 
     placements: list[dict[str, str]] = []
     replaced = 0
+    actors: list[Any] = [None] * n_actors
+    started = [False] * n_actors
+    # an actor's `where` call -> (its slot, whether it replaces one), until it answers
+    starting: dict[Any, tuple[int, bool]] = {}
 
-    def start(n: int) -> list[Any]:
-        new = [worker_cls.remote(config, api_key, plan.shots, plan.loglik, plan.max_new_tokens)
-               for _ in range(n)]
-        try:
-            placements.extend(ray.get([a.where.remote() for a in new]))
-        except RayActorError:
-            for a in new:
-                ray.kill(a)
-            raise
-        return new
+    def launch(i: int, replacing: bool) -> None:
+        actors[i] = worker_cls.remote(config, api_key, plan.shots, plan.loglik,
+                                      plan.max_new_tokens)
+        started[i] = False
+        starting[actors[i].where.remote()] = (i, replacing)
 
-    def replacement(exc: Exception) -> Any:
-        """A fresh actor; one placed on a node that is dying dies too and is replaced."""
+    def replace(i: int, exc: Exception) -> None:
         nonlocal replaced
-        while True:
-            replaced += 1
-            if replaced > MAX_REPLACEMENTS:
-                raise PoolError(f"{replaced} evaluation actors died (last: "
-                                f"{type(exc).__name__}); the answers so far are kept: rerun "
-                                "the same command to resume") from exc
-            try:
-                return start(1)[0]
-            except RayActorError as again:
-                exc = again
+        replaced += 1
+        if replaced > MAX_REPLACEMENTS:
+            raise PoolError(f"{replaced} evaluation actors died (last: "
+                            f"{type(exc).__name__}); the answers so far are kept: rerun "
+                            "the same command to resume") from exc
+        ray.kill(actors[i])
+        launch(i, replacing=True)
 
-    actors = start(n_actors)
+    for slot in range(n_actors):
+        launch(slot, replacing=False)
     queue = list(reversed(units))
     in_flight: dict[Any, tuple[int, Any, list[dict]]] = {}  # ref -> (slot, actor, unit)
     load = [0] * n_actors
@@ -126,13 +126,26 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
     try:
         while queue or in_flight:
             while queue and len(in_flight) < window:
-                i = min(range(n_actors), key=load.__getitem__)  # least-loaded actor
+                free = [i for i in range(n_actors) if started[i] and load[i] < per_slot]
+                if not free:
+                    break
+                i = min(free, key=load.__getitem__)  # least-loaded actor
                 unit = queue.pop()
                 in_flight[actors[i].predict.remote(unit)] = (i, actors[i], unit)
                 load[i] += 1
                 requested += len(unit)
-            ready, _ = ray.wait(list(in_flight), num_returns=1)
+            ready, _ = ray.wait([*in_flight, *starting], num_returns=1)
             for ref in ready:
+                if ref in starting:
+                    i, replacing = starting.pop(ref)
+                    try:
+                        placements.append(ray.get(ref))
+                        started[i] = True
+                    except RayActorError as exc:
+                        if not replacing:  # the engine cannot start: the run's error
+                            raise
+                        replace(i, exc)  # placed on a node that was dying
+                    continue
                 i, actor, unit = in_flight.pop(ref)
                 load[i] -= 1
                 try:
@@ -141,8 +154,7 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
                     queue.append(unit)  # asked again, first
                     reasked += len(unit)
                     if actor is actors[i]:  # not yet replaced by another failed call
-                        ray.kill(actor)
-                        actors[i] = replacement(exc)
+                        replace(i, exc)
                     continue
                 for row in rows:
                     write(row)
@@ -150,6 +162,7 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
         for ref in in_flight:
             ray.cancel(ref, force=False)
         for a in actors:
-            ray.kill(a)
+            if a is not None:
+                ray.kill(a)
     return {"requested": requested, "reasked": reasked, "actors": placements,
             "actors_replaced": replaced}
