@@ -135,9 +135,15 @@ def test_reduced_demo_stops_its_vllm_engines_in_order(cli_run, ray_session) -> N
     """The demo deletes its two Serve apps; each LLM replica stops vLLM in order (output
     task, then engine), so no EngineDeadError traceback lands in the replica's log."""
     logs = Path(ray_session._private.worker._global_node.get_logs_dir_path())
+
+    def actor_name(f: Path) -> str:  # Ray's header line in each worker log
+        with f.open(errors="replace") as fh:
+            return next((x for x in fh.read(300).splitlines()
+                         if x.startswith(":actor_name:")), "")
+
     replicas = [f for f in logs.glob("worker-*.out")
-                if ":actor_name:ServeReplica:medray-demo-" in f.read_text(errors="replace")[:300]
-                and "GatedLLMServer" in f.read_text(errors="replace")[:300]]
+                if re.match(r":actor_name:ServeReplica:medray-demo-.*GatedLLMServer",
+                            actor_name(f))]
     assert len(replicas) == 2, sorted(f.name for f in logs.glob("worker-*.out"))
     for f in replicas:
         text = f.read_text(errors="replace") + f.with_suffix(".err").read_text(errors="replace")

@@ -162,7 +162,6 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
         for ref in in_flight:
             ray.cancel(ref, force=False)
         for a in actors:
-            if a is not None:
-                ray.kill(a)
+            ray.kill(a)
     return {"requested": requested, "reasked": reasked, "actors": placements,
             "actors_replaced": replaced}
