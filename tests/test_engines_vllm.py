@@ -108,3 +108,14 @@ def test_cpu_engines_serve_a_float32_checkpoint_in_float32(tmp_path):
         (folder / "config.json").write_text(json.dumps({"torch_dtype": declared}))
         assert cpu_dtype(folder) == expected
     assert cpu_dtype(tmp_path / "missing") == "auto"  # a hub id: vLLM decides
+
+
+def test_cpu_engine_runs_in_the_callers_process(lora_engine):
+    # No engine-core or worker process of vLLM's own: on CPU they compete for the same
+    # cores and each imports torch and vLLM again (about 20 s more per engine start).
+    import psutil
+
+    assert type(lora_engine.llm.llm_engine.engine_core).__name__ == "InprocClient"
+    vllm_children = [p.name() for p in psutil.Process().children(recursive=True)
+                     if p.name().startswith("VLLM::")]
+    assert vllm_children == []
