@@ -3,7 +3,7 @@
 #   flock /tmp/medray-heavy.lock scripts/smoke_job_submit.sh
 # Starts a PRIVATE head (its own ports and temp dir, `--block` in the background) and stops
 # only that head at the end (never `ray stop`, which would stop every cluster on the host).
-# Takes ~3-4 min on 2 cores. Exit status 0 when the job SUCCEEDED and wrote an adapter.
+# Takes about 2 min on 2 cores. Exit status 0 when the job SUCCEEDED and wrote an adapter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -31,7 +31,7 @@ ray job submit --runtime-env-json \
     python jobs/finetune.py --config configs/tiny-cpu.yaml --output "$WORK/run" \
     model.name_or_path="$WORK/tiny" data.path="$WORK/data" \
     data.max_train_examples=128 data.max_val_examples=32 data.val_generate_examples=8 \
-    data.context_tokens=128 optim.epochs=1
+    prompt.context_tokens=128 optim.epochs=1
 
 test -f "$WORK/run/adapter/adapter_config.json"
 echo "smoke ok: adapter in $WORK/run/adapter, metrics in $WORK/run/metrics.json"
