@@ -27,12 +27,18 @@ if [ ! -f "$SRC/data.noun" ] || [ ! -f "$SRC/index.sense" ]; then
         warn "$SRC missing and apt-get unavailable (need root + apt); METEOR will run without WordNet"
         exit 0
     fi
+    # apt and dpkg print progress even with -qq; keep it in a log shown only on failure.
+    apt_log="$(mktemp)"
     if ! { apt-get update -qq && \
            DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-               wordnet-base wordnet-sense-index; } >&2; then
+               wordnet-base wordnet-sense-index; } >"$apt_log" 2>&1; then
+        cat "$apt_log" >&2
+        rm -f "$apt_log"
         warn "apt-get could not install wordnet-base/wordnet-sense-index; METEOR will run without WordNet"
         exit 0
     fi
+    rm -f "$apt_log"
+    echo "provision_wordnet: installed Debian's wordnet-base and wordnet-sense-index"
 fi
 if [ ! -f "$SRC/data.noun" ]; then
     warn "$SRC/data.noun still missing after install; METEOR will run without WordNet"

@@ -128,6 +128,13 @@ def test_reduced_demo_end_to_end(cli_run) -> None:
     # Time and memory per stage, stage names in rows.
     assert "| pre-train the tiny base on train epicrises |" in report
     assert metrics["memory"]["peak_gib"]["processes"] > 0
+    # The numbers say which CPU kernels computed them.
+    import torch
+    machine = metrics["machine"]
+    assert machine["torch_cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
+    assert machine["logical_cpus"] == os.cpu_count()
+    assert any(v.startswith("torch ") for v in machine["versions"])
+    assert f"torch CPU kernels {machine['torch_cpu_kernels']}" in report
 
 
 @pytest.mark.timeout(1500)

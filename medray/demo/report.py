@@ -15,6 +15,7 @@ from typing import Any
 from medray.demo import figures, findings
 from medray.demo.config import DemoConfig
 from medray.demo.html import to_html
+from medray.demo.machine import describe_machine, machine_line
 from medray.eval.report import load_run, to_markdown, write_report
 from medray.fsutil import atomic_file, write_json_atomic, write_text_atomic
 
@@ -92,6 +93,7 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
         with atomic_file(output / name) as tmp:
             Path(tmp).write_bytes(png)
     last = (trained.get("epochs") or [{}])[-1]
+    machine = describe_machine()
     metrics = {
         "how": how, "seed": seed, "rows": rows,
         "margin_in_domain_f1": {"value": margin, "required": cfg.eval.min_margin,
@@ -107,6 +109,7 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
                   "lora": t.lora.model_dump(mode="json"), "adapter": trained.get("adapter")},
         "training": {"epochs": trained.get("epochs"), "initial": trained.get("initial"),
                      "workers": t.scaling.num_workers, "deepspeed_stage": t.deepspeed.stage},
+        "machine": machine,
         "timings_s": timings,
         "memory": memory,
         "files": {"plots": [str(output / n) for n in images], "report_html":
@@ -117,7 +120,7 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
     lines = [*results, *_by_type_section(by_type, prior.get("test")),
              *_training_section(curve, trained), *_examples_section(chosen),
              *_what_ran(cfg, pretrain, last)]
-    costs = _costs(timings, memory)
+    costs = _costs(timings, memory, machine)
     lines += costs
     text = "\n".join(lines) + "\n"
     write_text_atomic(output / "report.md", text)
@@ -274,7 +277,8 @@ def _what_ran(cfg: DemoConfig, pretrain: dict, last: dict) -> list[str]:
     ]
 
 
-def _costs(timings: dict[str, float], memory: dict[str, Any] | None) -> list[str]:
+def _costs(timings: dict[str, float], memory: dict[str, Any] | None,
+           machine: dict[str, Any]) -> list[str]:
     import pandas as pd
 
     stages = (memory or {}).get("by_stage_gib") or {}
@@ -288,5 +292,6 @@ def _costs(timings: dict[str, float], memory: dict[str, Any] | None) -> list[str
         "## Time and memory (this machine)", "",
         to_markdown(table),
         (f"Peak memory: {peak['processes']:.2f} GiB (demo processes), {peak['system']:.2f} GiB "
-         f"(system above start). {memory['how']}." if peak else ""),
+         f"(system above start). {memory['how']}." if peak else ""), "",
+        machine_line(machine),
     ]
