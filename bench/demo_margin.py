@@ -57,7 +57,9 @@ def row_from_summary(summary: dict, wall: float) -> dict:
             # metrics.json of demos before per-stage memory had the system view only
             "memory_gib": memory.get("peak_gib") or {
                 "processes": float("nan"), "system": memory["peak_above_start_gib"]},
-            "memory_by_stage_gib": memory.get("by_stage_gib")}
+            "memory_by_stage_gib": memory.get("by_stage_gib"),
+            # metrics.json of demos before the machine was recorded: None
+            "machine": summary.get("machine")}
 
 
 def print_table(rows: list[dict], need: float, label: str) -> bool:
@@ -76,6 +78,11 @@ def print_table(rows: list[dict], need: float, label: str) -> bool:
         print(f"{r['seed']:>4} {r['n_test']:>5} ({r['n_test_patients']:>2}) "
               f"{f1(r['majority']):>21} {f1(r['zero_shot']):>21} {f1(r['fine_tuned']):>21} "
               f"{r['margin']:>+7.3f} {cross:>15} {r['wall_s'] / 60:>5.1f}min {mem:>19}")
+    from medray.demo.machine import machine_line
+
+    for line in dict.fromkeys(machine_line(r["machine"]) if r.get("machine")
+                              else "Machine: not recorded" for r in rows):
+        print(line)
     ok = all(r["margin"] >= need and r["cross"]["fine_tuned"]["mean"]
              > r["cross"]["majority"]["mean"] for r in rows)
     print(f"margin >= {need} and fine-tuned above majority cross-domain on every seed: "

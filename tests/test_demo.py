@@ -134,6 +134,8 @@ def test_reduced_demo_end_to_end(cli_run) -> None:
     assert machine["torch_cpu_kernels"] == torch.backends.cpu.get_cpu_capability()
     assert machine["logical_cpus"] == os.cpu_count()
     assert any(v.startswith("torch ") for v in machine["versions"])
+    if Path("/proc/cpuinfo").exists() and machine["torch_cpu_kernels"].startswith("AVX"):
+        assert "avx2" in machine["cpu_flags"], machine
     assert f"torch CPU kernels {machine['torch_cpu_kernels']}" in report
 
 
