@@ -11,7 +11,9 @@ the fine-tuned model; the margin fine-tuned - majority; the cross-domain F1 of f
 and majority; the demo's wall time (run_demo, Ray start included); its peak memory: the
 summed PSS of the demo's own processes, and system memory in use above the start.
 
-Run alone (it starts its own local Ray unless RAY_ADDRESS is set). One seed per lock hold:
+Run alone. Each seed runs like `medray demo`: a local Ray of its own unless RAY_ADDRESS is
+set, the stages on the console, the logs under the demo's folder (kept with --keep).
+One seed per lock hold:
     flock /tmp/medray-heavy.lock .venv/bin/python bench/demo_margin.py --seeds 0 --json s0.json
     .venv/bin/python bench/demo_margin.py --from-json s0.json s1.json ...   # the table
 or all at once: .venv/bin/python bench/demo_margin.py --seeds 0 1 2 3 4
@@ -31,13 +33,18 @@ sys.path.insert(0, str(ROOT))
 
 
 def run_seed(seed: int, work: Path, config: str, overrides: list[str]) -> dict:
-    from rich.console import Console
-
+    """One `medray demo` as the command runs it: its own local Ray (unless RAY_ADDRESS is
+    set), its stages on the console, Ray/DeepSpeed/vLLM logs in WORK/demo/logs."""
+    from medray.console import command_console
     from medray.demo import run_demo
+    from medray.fsutil import claim_directory
 
+    out = work / "demo"
+    claim_directory(out, command="demo")
     t0 = time.time()
-    summary = run_demo(work / "demo", seed=seed, config=Path(config), overrides=overrides,
-                       console=Console(stderr=True))
+    with command_console("demo", out / "logs") as display:
+        summary = run_demo(out, seed=seed, config=Path(config), overrides=overrides,
+                           console=display.console)
     return row_from_summary(summary, time.time() - t0)
 
 
