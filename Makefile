@@ -3,7 +3,7 @@ VENV ?= .venv
 STAMP := $(VENV)/.medray-installed
 DEMO_DIR ?= runs/demo
 
-.PHONY: install demo test lint bench
+.PHONY: install demo test lint bench docs
 
 $(STAMP): pyproject.toml scripts/install.sh
 	bash scripts/install.sh $(VENV)
@@ -19,3 +19,7 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check medray tests jobs tune bench serve
+
+# The manual (docs/, mkdocs.yml) as a static site in site/ (git-ignored).
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir site

@@ -17,12 +17,15 @@ One seed per lock hold:
     flock /tmp/medray-heavy.lock .venv/bin/python bench/demo_margin.py --seeds 0 --json s0.json
     .venv/bin/python bench/demo_margin.py --from-json s0.json s1.json ...   # the table
 or all at once: .venv/bin/python bench/demo_margin.py --seeds 0 1 2 3 4
+Every form also writes docs/results/demo.json (bench/_results.py), e.g. from a finished
+`make demo`: .venv/bin/python bench/demo_margin.py --from-demo runs/demo
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -97,6 +100,46 @@ def print_table(rows: list[dict], need: float, label: str) -> bool:
     return ok
 
 
+def write_demo_results(rows: list[dict], need: float) -> None:
+    """docs/results/demo.json: the table above, rendered by bench/render_results.py."""
+    from _results import write_results
+
+    def wall(r: dict) -> str:
+        return f"{r['wall_s'] / 60:.1f} min"
+
+    def spread(values: list[float]) -> str:
+        return (f"{values[0]:+.3f}" if len(values) == 1
+                else f"{min(values):+.3f} to {max(values):+.3f}")
+
+    cross = [r["cross"]["fine_tuned"]["mean"] - r["cross"]["majority"]["mean"] for r in rows]
+    above = [str(r["seed"]) for r, c in zip(rows, cross, strict=True) if c > 0]
+    seeds = ", ".join(str(r["seed"]) for r in rows)
+    write_results("demo", {
+        "headline": "`make demo` fine-tunes the tiny model to "
+                    f"{spread([r['margin'] for r in rows])} F1 over the majority baseline "
+                    f"on held-out patients (required: {need}) "
+                    f"and {spread(cross)} cross-domain (seed{'s' if len(rows) > 1 else ''} "
+                    f"{seeds})",
+        "tables": [{"title": "F1 (medqaro mode) with 95% patient-bootstrap CIs: in-domain "
+                             f"test ({rows[0]['n_test']} questions of "
+                             f"{rows[0]['n_test_patients']} patients) and cross-domain "
+                             f"({rows[0]['n_cross']} questions)",
+                    "columns": ["seed", "majority", "zero-shot", "fine-tuned", "margin",
+                                "cross-domain fine-tuned", "cross-domain majority", "wall",
+                                "peak GiB (demo processes / system)"],
+                    "rows": [[r["seed"], r["majority"], r["zero_shot"], r["fine_tuned"],
+                              f"{r['margin']:+.3f}", r["cross"]["fine_tuned"],
+                              r["cross"]["majority"], wall(r),
+                              f"{r['memory_gib']['processes']:.2f} / "
+                              f"{r['memory_gib']['system']:.2f}"] for r in rows]}],
+        "notes": [f"fine-tuned above majority cross-domain on {len(above)} of {len(rows)} "
+                  f"seed(s) ({', '.join(above) or 'none'})",
+                  "wall time is the demo's own total; memory is the peak summed PSS of the "
+                  "demo's processes and system memory in use above the start"],
+        "rows": rows,
+    }, command=shlex.join(["bench/demo_margin.py", *sys.argv[1:]]))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default=str(ROOT / "configs" / "demo.yaml"))
@@ -119,8 +162,9 @@ def main() -> None:
         for d in args.from_demo or []:
             summary = json.loads((Path(d) / "metrics.json").read_text())
             rows.append(row_from_summary(summary, summary["timings_s"]["total"]))
-        print_table(sorted(rows, key=lambda r: r["seed"]), need,
-                    f"from {[*(args.from_json or []), *(args.from_demo or [])]}")
+        rows = sorted(rows, key=lambda r: r["seed"])
+        print_table(rows, need, f"from {[*(args.from_json or []), *(args.from_demo or [])]}")
+        write_demo_results(rows, need)
         return
     rows = []
     for seed in args.seeds:
@@ -133,6 +177,7 @@ def main() -> None:
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=2))
     print_table(rows, need, f"config {args.config}; overrides {args.set}")
+    write_demo_results(rows, need)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -196,6 +198,25 @@ def main() -> None:
         used = r["cpu_per_item_ms"]
         print(f"{label:<38} " + " ".join(f"{used.get(k, 0.0):>11.1f}" for k in kinds)
               + f" {sum(used.values()):>7.1f} {1000 / r['items/s'] * os.cpu_count():>12.1f}")
+    from _results import write_results
+
+    best = max(rows[1:], key=lambda row: row[1]["items/s"])
+    write_results("eval_throughput", {
+        "headline": f"`medray eval`'s fastest path ({best[0]}) answers {best[1]['items/s']:.0f} "
+                    f"items/s, {best[1]['items/s'] / base:.2f}x in-process vLLM, with the "
+                    "tiny model (the path's own overhead)",
+        "tables": [{"title": f"{args.items} test items, Q+E+A trimmed to {args.context_tokens} "
+                             f"tokens, greedy 10 new tokens, {args.in_flight} in flight",
+                    "columns": ["path", "items/s", "x in-process", "start s", "wall s"],
+                    "rows": [[label, r["items/s"], r["items/s"] / base, r["start_s"],
+                              r["wall_s"]] for label, r in rows]},
+                   {"title": "CPU ms per item by process, over the same window",
+                    "columns": ["path", *kinds, "total"],
+                    "rows": [[label, *(r["cpu_per_item_ms"].get(k, 0.0) for k in kinds),
+                              sum(r["cpu_per_item_ms"].values())] for label, r in rows]}],
+        "notes": ["the windows are short (the in-process row answers in about a second), so "
+                  "read the ratios loosely"],
+    }, command=shlex.join(["bench/eval_throughput.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

@@ -242,6 +242,25 @@ def rope_float32(engine: Any) -> bool:
     return bool(buffers) and set(buffers.values()) == {torch.float32}
 
 
+def write_gpu_results(results: dict[str, Any], argv: list[str]) -> None:
+    """docs/results/gpu_check.json (bench/_results.py), rendered by bench/render_results.py."""
+    from _results import write_results
+
+    hw, checks = results["header"]["hardware"], "ok" if results["ok"] else "FAILED"
+    rows = [[name, c["context"], c["checkpointing"], c["batching"],
+             c.get("error") or c.get("skipped") or c["useful_tokens_per_s"], c.get("mfu"),
+             c.get("peak_mem_gib")]
+            for name, entry in results["models"].items() for c in entry["cases"]]
+    write_results("gpu_check", {
+        "headline": f"medray's training step ran on one {hw} at the papers' model shapes "
+                    f"(loss and RoPE checks {checks})",
+        "tables": [{"title": f"bf16, LoRA r=8, one-process NCCL group, {hw}", "rows": rows,
+                    "columns": ["model", "context", "checkpointing", "batching",
+                                "useful tok/s", "MFU", "peak GiB"]}],
+        "raw": results,
+    }, command=" ".join(["bench/gpu_check.py", *argv]))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU (gloo)")
@@ -384,6 +403,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{'ok' if ok else 'FAILED'}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
+    if not dry:  # a dry run checks the code path; its numbers are not a measurement
+        write_gpu_results(results, argv if argv is not None else sys.argv[1:])
     dist.destroy_process_group()
     return 0 if ok else 1
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -104,6 +105,19 @@ def main() -> None:
         print(f"{r['scale']} vs {base['scale']}: {r['csv_gb'] / base['csv_gb']:.0f}x the CSV, "
               f"{r['prepare_s'] / base['prepare_s']:.1f}x the time, "
               f"{r['peak_rss_gib'] / base['peak_rss_gib']:.2f}x the peak memory")
+    from _results import write_results
+
+    top = rows[-1]
+    write_results("prepare_scale", {
+        "headline": f"`medray data prepare` reads {top['qa']:,} QA pairs ({top['csv_gb']:.2f} GB "
+                    f"of CSV, scale {top['scale']}) in {top['prepare_s']:.1f} s at "
+                    f"{top['peak_rss_gib']:.2f} GiB peak memory on 2 CPUs",
+        "tables": [{"title": "one `medray data prepare` per scale, pinned to 2 CPUs",
+                    "columns": ["scale", "CSV GB", "QA pairs", "prepare s", "peak RSS GiB"],
+                    "rows": [[r["scale"], r["csv_gb"], r["qa"], r["prepare_s"],
+                              r["peak_rss_gib"]] for r in rows]}],
+        "rows": rows,
+    }, command=shlex.join(["bench/prepare_scale.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import importlib
 import os
 import random
 import re
+import shlex
 import string
 import sys
 import tempfile
@@ -159,6 +160,25 @@ def main() -> None:
     print(f"ratio naive/ours: {t_naive / t_ours:.1f}x   "
           f"max |difference| on the sample: {worst:.2e}")
     print("means: " + ", ".join(f"{m}={v['mean']:.4f}" for m, v in result["metrics"].items()))
+    from _results import write_results
+
+    write_results("score_speed", {
+        "headline": f"scoring {args.n:,} generated answers (F1, EM, BLEU, METEOR, sacrebleu, "
+                    f"bootstrap CIs) takes {t_ours:.1f} s, {t_naive / t_ours:.1f}x faster than "
+                    "the reference's per-example loop, "
+                    + ("with the same numbers" if worst < 1e-9
+                       else f"largest difference {worst:.1e}"),
+        "tables": [{"title": f"{args.n:,} synthetic MedQARo-like pairs, medqaro mode, {cpus} "
+                             f"CPUs, synonym cache {'warm' if args.warm_cache else 'cold'}",
+                    "columns": ["path", "seconds", "ms per item", "x medray"],
+                    "rows": [["medray (`medray score`)", t_ours, t_ours / args.n * 1000, 1.0],
+                             [f"reference loop (measured on {k} items, scaled)", t_naive,
+                              t_naive_item * 1000, t_naive / t_ours]]}],
+        "notes": [f"largest difference between the two on the sample: {worst:.2e}",
+                  "WordNet " + ("on" if result["meteor_wordnet"] else "absent")],
+        "n": args.n, "ours_s": t_ours, "naive_s": t_naive, "ratio": t_naive / t_ours,
+        "max_difference": worst, "means": {m: v["mean"] for m, v in result["metrics"].items()},
+    }, command=shlex.join(["bench/score_speed.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

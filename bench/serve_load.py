@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import shlex
 import socket
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -121,6 +123,22 @@ def main() -> None:
         print(f"{r['replicas']:>8} {r['concurrency']:>5} {r['n']:>4} {r['errors']:>4} "
               f"{r['rps']:>7.2f} {r['rps'] / base:>6.2f} {r['p50']:>7.3f} {r['p95']:>7.3f} "
               f"{r['p99']:>7.3f}")
+    from _results import write_results
+
+    top = max(results, key=lambda r: r["rps"])
+    write_results("serve_load", {
+        "headline": f"`/v1/qa` serves up to {top['rps']:.1f} requests/s ({top['replicas']} "
+                    f"replica(s), concurrency {top['concurrency']}, p95 {top['p95']:.2f} s) "
+                    "with the tiny model",
+        "tables": [{"title": f"trim Q+E+A {args.context_tokens} tokens, max_new_tokens 10, at "
+                             f"most {args.requests} requests or {args.seconds:.0f} s per cell, "
+                             "127.0.0.1",
+                    "columns": ["replicas", "concurrency", "n", "errors", "rps", "x rps",
+                                "p50 s", "p95 s", "p99 s"],
+                    "rows": [[r["replicas"], r["concurrency"], r["n"], r["errors"], r["rps"],
+                              r["rps"] / base, r["p50"], r["p95"], r["p99"]]
+                             for r in results]}],
+    }, command=shlex.join(["bench/serve_load.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import random
+import shlex
 import sys
 import tempfile
 import time
@@ -214,6 +215,7 @@ def main() -> None:
     from medray.models import load_tokenizer
 
     vocab = len(load_tokenizer(model))
+    tables: list[dict] = []
     for paper_budget in (2048, 8192):  # the paper's Phi-4 budgets: most vs fewer at N
         lengths = medqaro_lengths(args.examples, args.budget, 0, paper_budget)
         rows = rows_from_lengths(lengths, vocab, seed=0)
@@ -233,6 +235,14 @@ def main() -> None:
                   f"{r['computed_tokens']:>9} {pad:>6.1%} {r['seconds']:>7.2f} "
                   f"{r['useful_tok_s']:>12.0f} {r['useful_tok_s'] / ref:>11.2f}")
         print()
+        tables.append({"title": f"1. training throughput, {at_budget:.0%} of the examples fill "
+                                f"N={args.budget} (trimmed at {paper_budget:,})",
+                       "columns": ["mode", "useful tokens", "computed", "padding", "s",
+                                   "useful tok/s", "x reference"],
+                       "rows": [[r["mode"], r["useful_tokens"], r["computed_tokens"],
+                                 f"{1 - r['useful_tokens'] / r['computed_tokens']:.1%}",
+                                 r["seconds"], r["useful_tok_s"], r["useful_tok_s"] / ref]
+                                for r in results]})
 
     factors = [int(x) for x in args.factors.split(",")]
     print("# 2. tokenisation: synthetic MedQARo (small), k x the patients, tiny BPE tokenizer,"
@@ -240,7 +250,15 @@ def main() -> None:
           "whole prompt text per example")
     print(f"{'factor':>6} {'epicrises':>9} {'examples':>8} {'once/epicrisis s':>16} "
           f"{'once/example s':>14} {'speed-up':>8}")
-    for r in tokenisation(model, str(work / "data"), factors):
+    tok_rows = tokenisation(model, str(work / "data"), factors)
+    tables.append({"title": "2. tokenisation: each epicrisis once (medray) vs each prompt "
+                            "(reference)",
+                   "columns": ["factor", "epicrises", "examples", "once per epicrisis s",
+                               "once per example s", "speed-up"],
+                   "rows": [[r["factor"], r["contexts"], r["examples"],
+                             r["once_per_epicrisis_s"], r["once_per_example_s"], r["speedup"]]
+                            for r in tok_rows]})
+    for r in tok_rows:
         print(f"{r['factor']:>6} {r['contexts']:>9} {r['examples']:>8} "
               f"{r['once_per_epicrisis_s']:>16.2f} {r['once_per_example_s']:>14.2f} "
               f"{r['speedup']:>8.1f}")
@@ -259,6 +277,12 @@ def main() -> None:
               f"{r['logit_values']:>14,} {r['useful_tok_s'] / full['useful_tok_s']:>7.2f}")
     print(f"logit values computed: {answer['logit_values'] / full['logit_values']:.1%} of the "
           "full projection's")
+    tables.append({"title": "3. the loss: logits at every position vs target positions only",
+                   "columns": ["loss", "s", "useful tok/s", "logit values", "x full"],
+                   "rows": [[name, r["seconds"], r["useful_tok_s"], r["logit_values"],
+                             r["useful_tok_s"] / full["useful_tok_s"]]
+                            for name, r in (("every position", full),
+                                            ("target positions", answer))]})
 
     print()
     print("# 4. where training tokenises the epicrises of train+val (each once): in the "
@@ -266,9 +290,28 @@ def main() -> None:
           f"this machine's {__import__('os').cpu_count()} CPUs; start-up included")
     print(f"{'factor':>6} {'epicrises':>9} {'characters':>11} {'in-process s':>12} "
           f"{'pool s':>7} {'pool/in-process':>15} {'medray picks':>12}")
-    for r in tokenisation_placement(model, work / "data", work, [1, 16]):
+    placement = tokenisation_placement(model, work / "data", work, [1, 16])
+    for r in placement:
         print(f"{r['factor']:>6} {r['contexts']:>9} {r['chars']:>11,} {r['in-process']:>12.2f} "
               f"{r['pool']:>7.2f} {r['pool'] / r['in-process']:>15.2f} {r['picked']:>12}")
+    tables.append({"title": "4. where training tokenises: in-process vs a 2-actor Ray Data pool "
+                            "(start-up included)",
+                   "columns": ["factor", "epicrises", "characters", "in-process s", "pool s",
+                               "medray picks"],
+                   "rows": [[r["factor"], r["contexts"], r["chars"], r["in-process"], r["pool"],
+                             r["picked"]] for r in placement]})
+    ratios = [row[-1] for t in tables[:2] for row in t["rows"][1:]]
+    from _results import write_results
+
+    write_results("train_throughput", {
+        "headline": f"batched training input gives {min(ratios):.2f}-{max(ratios):.2f}x the "
+                    "useful tokens/s of the reference's padded batch of 1, and tokenising each "
+                    f"epicrisis once is {min(r['speedup'] for r in tok_rows):.1f}-"
+                    f"{max(r['speedup'] for r in tok_rows):.1f}x faster than each prompt",
+        "tables": tables,
+        "notes": ["each mode's pass over the examples takes about a second, so these ratios "
+                  "move by a tenth or so between runs"],
+    }, command=shlex.join(["bench/train_throughput.py", *sys.argv[1:]]))
 
 
 if __name__ == "__main__":

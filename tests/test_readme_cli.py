@@ -1,5 +1,7 @@
-"""The README's command reference and the CLI agree, both ways: every command and option the
-README shows exists, every command the CLI has is shown, and the example configs it names
+"""The written commands and the CLI agree. Both ways for the two references (the README's
+command overview and docs/commands.md): every command and option they show exists and every
+command the CLI has is shown. One way for every other `medray ...` line of a bash block in
+the README and docs/: its command and options exist. The example configs the README names
 load with their own validators. (No Ray: this reads help metadata and YAML only.)"""
 
 from __future__ import annotations
@@ -17,12 +19,18 @@ from medray.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
+COMMANDS_PAGE = (ROOT / "docs" / "commands.md").read_text()
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 
 
-def _reference_block() -> str:
-    section = README.split("## Command line", 1)[1]
+def _reference_block(text: str = README, heading: str = "## Command line") -> str:
+    section = text.split(heading, 1)[1]
     return section.split("```bash", 1)[1].split("```", 1)[0]
+
+
+def _bash_blocks(text: str) -> list[str]:
+    return re.findall(r"```bash\n(.*?)```", text, flags=re.DOTALL)
 
 
 def _commands(block: str) -> list[str]:
@@ -68,26 +76,34 @@ def _flags(cmd: Any) -> set[str]:
     return {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
 
 
-REFERENCE = _commands(_reference_block())
+REFERENCES = {"README.md": _commands(_reference_block()),
+              "docs/commands.md": _commands(_reference_block(COMMANDS_PAGE, "# Command reference"))}
+WRITTEN = sorted({(path.relative_to(ROOT).as_posix(), line) for path in DOCS
+                  for block in _bash_blocks(path.read_text()) for line in _commands(block)})
 
 
-def test_reference_lists_commands():
-    assert len(REFERENCE) >= 15, REFERENCE
+def test_references_list_commands():
+    for where, reference in REFERENCES.items():
+        assert len(reference) >= 15, (where, reference)
+    assert {where for where, _ in WRITTEN} >= {"README.md", "docs/commands.md",
+                                               "docs/training.md", "docs/evaluation.md"}
 
 
-@pytest.mark.parametrize("line", REFERENCE)
-def test_every_readme_command_and_option_exists(line):
+@pytest.mark.parametrize(("where", "line"), WRITTEN)
+def test_every_written_command_and_option_exists(where, line):
     words = shlex.split(line.replace("|", " ").replace("[", " ").replace("]", " "))
     path, cmd = _resolve(words)
-    assert path and not _is_group(cmd), f"not a command: {line}"
+    assert path and not _is_group(cmd), f"not a command: {line} ({where})"
     unknown = sorted(set(OPTION.findall(line)) - _flags(cmd))
-    assert not unknown, f"`medray {' '.join(path)}` has no option {unknown} (README: {line})"
+    assert not unknown, f"`medray {' '.join(path)}` has no option {unknown} ({where}: {line})"
 
 
-def test_every_cli_command_is_in_the_readme():
-    shown = {tuple(_resolve(shlex.split(line.replace("|", " ")))[0]) for line in REFERENCE}
+@pytest.mark.parametrize("where", sorted(REFERENCES))
+def test_every_cli_command_is_in_each_reference(where):
+    shown = {tuple(_resolve(shlex.split(line.replace("|", " ")))[0])
+             for line in REFERENCES[where]}
     missing = _leaves(typer.main.get_command(app)) - shown
-    assert not missing, f"commands missing from the README's reference: {sorted(missing)}"
+    assert not missing, f"commands missing from {where}'s reference: {sorted(missing)}"
 
 
 def test_example_configs_named_in_the_readme_load():

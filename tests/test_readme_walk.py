@@ -1,9 +1,11 @@
-"""The README's tiny CPU recipe, command by command, as a new user types it (placeholders
-filled with this session's tiny model and synthetic data), on the session's Ray cluster.
+"""The tiny CPU recipe of docs/getting-started.md, command by command, as a new user types it
+(placeholders filled with this session's tiny model and synthetic data), on the session's
+Ray cluster. A light test checks that every command that page's recipe shows is one walked
+here, so the page and the walk cannot drift apart.
 
 Walked here: data synth / prepare / stats / prompt, model tiny, train (in a subprocess, so
 its console is the real one: a few dozen lines, no Ray/DeepSpeed log lines, logs in
-OUTPUT/logs/), export (adapter and --merge), baseline, score, eval --config (the README's
+OUTPUT/logs/), export (adapter and --merge), baseline, score, eval --config (the documented
 example config, in-process vLLM actors) and report, eval --engine (dry run, and the
 documented refusal for a local engine on generative data). Covered by their own tests
 through the same CLI: tune (test_tune_sweep), serve (test_serve_app), demo (test_demo),
@@ -29,6 +31,30 @@ ROOT = Path(__file__).resolve().parents[1]
 # What must never reach the console of a quiet command.
 NOISE = re.compile(r"\(pid=|RayTrainWorker|\bINFO\b|\bWARNING\b|\[WARNING\]|Traceback|"
                    r"DeprecationWarning|deepspeed|vllm", re.IGNORECASE)
+
+
+GUIDE = ROOT / "docs" / "getting-started.md"
+# The commands the walk below runs, as (command, subcommand) words.
+WALKED = {("data", "synth"), ("data", "prepare"), ("data", "stats"), ("data", "prompt"),
+          ("model", "tiny"), ("train",), ("export",), ("baseline",), ("score",), ("eval",),
+          ("report",)}
+
+
+def _documented_recipe() -> list[list[str]]:
+    section = GUIDE.read_text().split("## The tiny recipe", 1)[1].split("\n## ", 1)[0]
+    lines = re.sub(r"\\\n\s*", " ", "\n".join(re.findall(r"```bash\n(.*?)```", section,
+                                                         flags=re.DOTALL))).splitlines()
+    return [ln.split("#", 1)[0].split() for ln in lines if ln.startswith("medray ")]
+
+
+def test_the_documented_recipe_is_the_walked_one():
+    commands = _documented_recipe()
+    assert len(commands) >= 8, commands
+    for words in commands:
+        path = tuple(words[1:3]) if words[1] in ("data", "model") else (words[1],)
+        assert path in WALKED, f"{GUIDE.name} shows `{' '.join(words)}`, which the walk skips"
+    assert any("configs/tiny-cpu.yaml" in words for words in commands)  # the config walked
+    assert "configs/eval-demo-vllm.yaml" in (ROOT / "docs" / "evaluation.md").read_text()
 
 
 def _run(args: list[str], code: int = 0) -> str:
@@ -59,7 +85,7 @@ def test_readme_tiny_recipe_walk(ray_session, tmp_path):
         [sys.executable, "-m", "medray", "train", "--config", "configs/tiny-cpu.yaml",
          "--output", str(runs / "tiny-train"), f"model.name_or_path={runs / 'tiny-model'}",
          f"data.path={runs / 'data'}",
-         # smaller than the README's run, same command: the suite's time budget
+         # smaller than the documented run, same command: the suite's time budget
          "data.max_train_examples=64", "data.max_val_examples=16",
          "data.val_generate_examples=4", "optim.epochs=1"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
@@ -90,7 +116,7 @@ def test_readme_tiny_recipe_walk(ray_session, tmp_path):
                    "--data", str(runs / "data"), "--mode", "medqaro", "--resamples", "50"])
     assert "dataset=medqaro" in scored and "None" not in scored.splitlines()[0]
 
-    # eval --config: the README's example config (2 vLLM actors, 4 requests in flight: the
+    # eval --config: the documented example config (2 vLLM actors, 4 requests in flight: the
     # defaults, which used to abort both actors), pointed at this run's outputs
     ev = yaml.safe_load((ROOT / "configs/eval-demo-vllm.yaml").read_text())
     ev.update(data=str(runs / "data"), limit=6, prompt={"context_tokens": 256})

@@ -18,6 +18,11 @@ def anon(serve_app):
         yield c
 
 
+def _served(cfg) -> list[str]:
+    """Served names in /v1/models order: the base, its adapters, the other models."""
+    return [cfg.model_id, *[f"{cfg.model_id}:{a}" for a in cfg.adapters], *cfg.models]
+
+
 def _is_error(r: httpx.Response, status: int) -> dict:
     """The OpenAI error shape, with the right status."""
     assert r.status_code == status, r.text
@@ -34,9 +39,13 @@ def test_health_probes_are_public(anon):
     assert r.json()["status"] == "ok"
 
 
-def test_models_lists_base_adapter_and_merged_model(client):
-    ids = [m["id"] for m in client.get("/v1/models").json()["data"]]
-    assert ids == ["medray", "medray:ft", "medray-ft"]
+def test_models_lists_base_adapter_and_merged_model(client, serve_app):
+    cards = client.get("/v1/models").json()["data"]
+    assert [m["id"] for m in cards] == _served(serve_app[2])
+    assert {"medray", "medray:ft", "medray-ft"} <= {m["id"] for m in cards}
+    # Each card says its context window and how /v1/qa prompts it.
+    assert {m["max_model_len"] for m in cards} == {serve_app[2].max_model_len}
+    assert all(m["prompt"]["context_tokens"] >= 16 for m in cards)
 
 
 def test_base_adapter_and_merged_model_all_answer_qa(client):
@@ -187,8 +196,10 @@ def test_chat_completions(client):
     ({"question": 3, "context": "x"}, 422, "question"),  # wrong type
     ({"question": "q", "context": "x", "strategy": "magic"}, 422, "strategy"),
     ({"question": "q", "context": "x", "extra": 1}, 422, "extra"),  # unknown field
-    ({"question": "q", "context": "x" * 20_001}, 413, "context"),  # over the size limit
-    ({"question": "q", "context": "x", "context_tokens": 4096}, 413, "context_tokens"),
+    # Over the configured limits, which the schema states (max_context_chars, max_model_len)
+    ({"question": "q", "context": "x" * 20_001}, 422, "context"),
+    ({"question": "q", "context": "x", "context_tokens": 4096}, 422, "context_tokens"),
+    ({"question": "q", "context": "x", "return_prompt_ids": 0}, 422, "return_prompt_ids"),
     ({"question": "q", "context": "x", "adapter": "nope"}, 404, "nope"),  # unknown adapter
 ])
 def test_qa_bad_requests_get_json_4xx(client, payload, status, where):
@@ -247,11 +258,14 @@ def test_bad_requests_get_openai_shaped_4xx(client, path, payload, status):
     _is_error(r, status)
 
 
-def test_retrieve_and_chunks_with_an_empty_context_answer(client):
-    for strategy in ("retrieve", "chunks"):
-        r = client.post("/v1/qa", json={"question": "Care este stadiul?", "context": "",
-                                        "strategy": strategy})
-        assert r.status_code == 200, r.text
+def test_a_context_without_text_is_refused(client):
+    """An empty context, or one of whitespace or control characters only, holds nothing to
+    answer from: a 422 naming the field, not an invented answer."""
+    for context in ("", " \n\t ", "\u0000\u0000", "\u0085\u200a\u007f"):
+        for strategy in ("trim", "retrieve", "chunks"):
+            r = client.post("/v1/qa", json={"question": "Care este stadiul?",
+                                            "context": context, "strategy": strategy})
+            assert "context" in _is_error(r, 422)["message"], (context, strategy)
 
 
 def test_openapi_documents_bodies_security_and_errors(anon):
@@ -284,7 +298,7 @@ def test_openai_sdk_streams_completions_and_chat(serve_app):
         model="medray-ft", messages=[{"role": "user", "content": "Buna ziua"}], max_tokens=4,
         stream=True))
     assert chat and all(c.object == "chat.completion.chunk" for c in chat)
-    assert [m.id for m in sdk.models.list().data] == ["medray", "medray:ft", "medray-ft"]
+    assert [m.id for m in sdk.models.list().data] == _served(serve_app[2])
 
 
 def test_serve_engine_client(serve_app):
@@ -301,3 +315,46 @@ def test_serve_engine_client(serve_app):
     with pytest.raises(ServeError) as err:
         ServeEngine(url, api_key="bad").qa("q", "c")
     assert err.value.status == 401
+
+
+@pytest.mark.parametrize("model", ["medray", "medray:ft"])
+def test_echo_with_max_tokens_0_scores_the_prompt_only(client, model):
+    """As vLLM's own server: the prompt echoed with its log-probs, nothing generated (with
+    the adapter too, where prompt log-probs run alone on the replica)."""
+    body = {"model": model, "prompt": "Intrebare: Da sau Nu? Raspuns:", "echo": True,
+            "logprobs": 1, "return_token_ids": True, "temperature": 0}
+    r = client.post("/v1/completions", json={**body, "max_tokens": 0})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    # One log-prob per prompt token and none more (vLLM's usage still counts the single
+    # engine step it runs).
+    lps = choice["logprobs"]["token_logprobs"]
+    assert len(lps) == len(choice["prompt_token_ids"]) == len(choice["logprobs"]["tokens"])
+    assert lps[0] is None and all(x <= 0 for x in lps[1:])
+    one = client.post("/v1/completions", json={**body, "max_tokens": 1}).json()["choices"][0]
+    assert one["logprobs"]["token_logprobs"][:len(lps)] == pytest.approx(lps, abs=1e-4)
+    # without echo there is nothing to return: refused as the schema says
+    r = client.post("/v1/completions", json={**body, "echo": False, "max_tokens": 0})
+    assert "max_tokens" in _is_error(r, 400)["message"]
+
+
+def test_a_prompt_over_the_context_window_is_a_400_naming_it(client, serve_app):
+    window = serve_app[2].max_model_len
+    # Digits and spaces: about a token per two characters, within max_context_chars.
+    digits = " ".join(str(i % 10) for i in range(9000))
+    over = [
+        ("/v1/completions", {"prompt": [5] * window, "max_tokens": 1}, f"has {window} tokens"),
+        ("/v1/completions", {"prompt": ["scurt", digits]}, "tokens"),
+        ("/v1/chat/completions", {"messages": [{"role": "user", "content": digits}]}, "tokens"),
+        ("/v1/mcq", {"question": "Ce?", "options": [
+            {"label": c, "text": digits} for c in "ABCDEFGHIJ"]}, "tokens"),
+    ]
+    for path, body, length in over:
+        err = _is_error(client.post(path, json=body), 400)
+        assert err["type"] == "invalid_request_error", err
+        assert f"maximum context length is {window} tokens" in err["message"], err
+        assert length in err["message"], err
+    # One token short of the window fits: max_tokens is clamped to what is left, as vLLM does.
+    r = client.post("/v1/completions", json={"prompt": [5] * (window - 1), "max_tokens": 50})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] <= 1

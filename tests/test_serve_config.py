@@ -164,3 +164,42 @@ def test_llm_replicas_read_local_folders_in_place_and_size_their_kv_cache(tmp_pa
 
     assert runs_download_task(str(model)) is False
     assert runs_download_task("org/some-hub-model") is True  # hub ids still download
+
+
+# A recorded prompt that differs from the defaults in every field.
+TRAINED_PROMPT = {"format": "eqa", "context_tokens": 160, "max_new_tokens": 7, "reserve": 12,
+                  "strategy": "chunks", "chunk_tokens": 48, "chat_template": True, "shots": 1}
+
+
+def test_a_config_overrides_only_the_prompt_fields_it_sets_on_the_way_to_the_replicas(
+        tmp_path):
+    """The README's CPU config (serve/medqaro-cpu.yaml, as written) sets only
+    `prompt.context_tokens`: the demo's merged model keeps the rest of its prompt.json
+    through every dump/validate on the way to the ingress (the builder resolves paths, then
+    ships the config to the replica as JSON)."""
+    from medray.demo import model_dirs
+    from medray.eval.config import EvalConfig
+    from medray.prompts import PROMPT_FILE, PromptSpec
+
+    (tmp_path / "serve").mkdir()
+    yaml_file = tmp_path / "serve" / "medqaro-cpu.yaml"
+    yaml_file.write_text((ROOT / "serve" / "medqaro-cpu.yaml").read_text())
+    dirs = model_dirs(tmp_path / "runs" / "demo")
+    _model(dirs["pretrained"])
+    merged = _model(dirs["merged"])
+    (merged / PROMPT_FILE).write_text(PromptSpec(**TRAINED_PROMPT).model_dump_json())
+    written = load_serve_file(yaml_file).args
+    assert written.prompt.model_fields_set == {"context_tokens"}
+    configured = written.prompt.context_tokens
+    shipped = AppConfig.model_validate(written.resolved().model_dump(mode="json"))
+    assert shipped.prompt.model_fields_set == {"context_tokens"}
+    for cfg in (written, written.resolved(), shipped):
+        assert cfg.prompt_for("medray-ft", warn=lambda _: None).model_dump() == {
+            **TRAINED_PROMPT, "context_tokens": configured}
+        assert cfg.prompt_for("medray") == PromptSpec(context_tokens=configured)
+    # An eval config's `prompt` survives the trip to its actors the same way.
+    ev = EvalConfig(data=tmp_path, engine={"kind": "vllm", "model": str(merged)},
+                    prompt={"max_new_tokens": 4})
+    again = EvalConfig.model_validate(ev.model_dump(mode="json"))
+    assert again.prompt.model_fields_set == {"max_new_tokens"}
+    assert again.model_dump(mode="json")["prompt"] == {"max_new_tokens": 4}

@@ -132,7 +132,7 @@ def _written_training_commands() -> list[tuple[str, str, list[str]]]:
     """(file, config, overrides) of every training/sweep command the repo writes out: README,
     docs, scripts, benches, config headers, deployment files. Shell continuations are joined;
     commands on a config the repo does not ship (a sweep's best.yaml) are left out."""
-    files = [ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("scripts/*.sh"),
+    files = [ROOT / "README.md", *ROOT.glob("docs/**/*.md"), *ROOT.glob("scripts/*.sh"),
              *ROOT.glob("bench/*.py"), *ROOT.glob("configs/*.yaml"),
              *ROOT.glob("deploy/**/*.yaml"), ROOT / "cluster.yaml"]
     found = []
@@ -152,7 +152,8 @@ def test_every_written_training_command_loads_with_its_overrides():
     passed one that had moved); each one's config and overrides must still validate."""
     commands = _written_training_commands()
     where = {f for f, _, _ in commands}
-    assert {"README.md", "scripts/smoke_job_submit.sh", "cluster.yaml"} <= where, where
+    assert {"README.md", "docs/training.md", "docs/sweeps.md", "scripts/smoke_job_submit.sh",
+            "cluster.yaml"} <= where, where
     assert any(ov for _, _, ov in commands)
     for f, config, overrides in commands:
         paths = [f"{k}=x" for k in ("model.name_or_path", "data.path")

@@ -57,22 +57,61 @@ def serve_cmd(
     except (OSError, ValueError, ValidationError) as err:
         fail(f"{config}: {err}")
     with command_console("serve", logs, verbose=verbose) as display:
-        with display.stage("start Ray Serve and the vLLM replicas"):
-            _init_ray(address, num_cpus)
-            from ray import serve
-
-            from medray.serve_app import build_app
-
-            serve.start(http_options={"host": spec.host, "port": spec.port})
-            serve.run(build_app(spec.args), name=spec.name, route_prefix=spec.route_prefix)
-        _record_placement(spec.name, logs, display)
-        names = [spec.args.model_id, *spec.args.adapters, *spec.args.models]
-        display.print(f"serving {', '.join(names)} at http://{spec.host}:{spec.port}"
-                      f"{spec.route_prefix} (logs: {logs}){'; Ctrl-C stops' if block else ''}")
-        if not block:
-            return
+        serving = False
         try:
+            with display.stage("start Ray Serve and the vLLM replicas"):
+                _init_ray(address, num_cpus)
+                _stop_on_sigterm()
+                from ray import serve
+
+                from medray.serve_app import build_app
+
+                serve.start(http_options={"host": spec.host, "port": spec.port})
+                serve.run(build_app(spec.args), name=spec.name, route_prefix=spec.route_prefix)
+            _record_placement(spec.name, logs, display)
+            names = [spec.args.model_id, *spec.args.adapters, *spec.args.models]
+            display.print(f"serving {', '.join(names)} at http://{spec.host}:{spec.port}"
+                          f"{spec.route_prefix} (logs: {logs}){'; Ctrl-C stops' if block else ''}")
+            if not block:
+                return
+            serving = True
             while True:
                 time.sleep(3600)
-        except KeyboardInterrupt:  # the normal way to stop a server: exit 0
-            serve.shutdown()
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM
+            _stop_serve(display)
+            if not serving:  # stopped while starting: reported as an interruption
+                raise
+            # else the normal way to stop a server: exit 0
+
+
+def _stop_on_sigterm() -> None:
+    """SIGTERM (kill, systemd, Kubernetes) stops the server as Ctrl-C does.
+
+    Ray's core worker puts absl's failure-signal handler on SIGTERM in this process: it
+    writes an error-level "*** SIGTERM received ... PC: @ ... clock_nanosleep" stack dump
+    of wherever the main thread was (asleep below) into the log, then Ray's handler kills
+    the processes and exits 1; for a server, SIGTERM is the normal stop. Replaced for
+    SIGTERM only, after Ray is joined: crash signals (SIGSEGV, SIGABRT, ...) keep Ray's
+    handler and its stack dumps. A second SIGTERM while stopping is ignored, so that the
+    replicas finish stopping."""
+    import signal
+
+    def stop(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+
+
+def _stop_serve(display: Any) -> None:
+    """Serve's apps, replicas and proxies stop before Ray does (the console leaves Ray
+    after this): each replica drains and stops its vLLM engine in order (GatedLLMServer).
+    Killed along with Ray instead, they log engine and connection errors."""
+    import ray
+
+    if not ray.is_initialized():
+        return
+    from ray import serve
+
+    display.print("stopping Serve (apps, replicas, proxies), then Ray")
+    serve.shutdown()

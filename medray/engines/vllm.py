@@ -24,8 +24,19 @@ CPU_ENV = {
 # The offline engine's core and model runner in the caller's process: on CPU, vLLM's own
 # engine-core and worker processes only compete for the same cores, and each imports torch
 # and vLLM again (the tiny model's engine started in 31 s with them, 13 s without; same
-# answers). Serve replicas keep them: Ray Serve LLM runs vLLM's multiprocess executor on CPU.
+# answers). Serve's CPU replicas do the same through medray.serving.inproc, switched by
+# SERVE_INPROC_ENV in their runtime env ("0": vLLM's engine-core and worker processes).
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+SERVE_INPROC_ENV = "MEDRAY_SERVE_VLLM_INPROC"
+# The replica thread that steps the engine; also its OS name (`top -H`, /proc/PID/task).
+SERVE_ENGINE_THREAD = "vllm-engine"
+
+
+def serve_cpu_env(engine_kwargs: Mapping[str, Any]) -> dict[str, str]:
+    """The env of a CPU Serve replica: `cpu_env`, and the engine in the replica's process
+    unless this process's SERVE_INPROC_ENV says "0" (bench/serve_memory.py compares)."""
+    return {**cpu_env(engine_kwargs),
+            SERVE_INPROC_ENV: "0" if os.environ.get(SERVE_INPROC_ENV) == "0" else "1"}
 
 
 def cpu_env(engine_kwargs: Mapping[str, Any]) -> dict[str, str]:

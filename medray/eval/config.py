@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from medray.config import Strict, load_yaml
 from medray.engines.registry import EngineSpec, parse_spec
-from medray.prompts import PromptSpec, moved_prompt_keys
+from medray.prompts import PromptOverride, PromptSpec, moved_prompt_keys
 
 __all__ = ["EngineSpec", "EvalConfig", "ScoreSpec", "engine_config", "load_eval_config"]
 
@@ -50,7 +50,7 @@ class EvalConfig(Strict):
     # merged model; for `serve`, what the endpoint reports); fields set here override it.
     # Multiple choice: `shots` per kind; each item's budget is its dataset's minimal one
     # unless `max_new_tokens` is set here.
-    prompt: PromptSpec | None = None
+    prompt: PromptOverride | None = None
     group_as_multiple: bool = False  # ask group items as multiple choice over statements
     loglik: bool | None = None  # MCQ option log-likelihood; None: engines that score options
     sample: int | None = Field(None, ge=1)  # seeded random subset of N items (the papers')

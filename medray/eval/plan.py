@@ -129,7 +129,7 @@ def plan_eval(cfg: EvalConfig, *, engine: Any = None, dry_run: bool = False) -> 
         default = (hasattr(engine, "score_options") and not hasattr(engine, "chat")
                    if engine is not None else spec.entry.loglik)
         plan.loglik = cfg.loglik if cfg.loglik is not None else default
-    elif shots:
+    elif given is not None and given.shots:  # a model's recorded shots ask nothing here
         raise ValueError(f"prompt.shots: {data.dataset} is {data.kind}; in-context examples "
                          "are for multiple-choice data")
     return plan

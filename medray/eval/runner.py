@@ -30,8 +30,6 @@ def config_record(cfg: EvalConfig) -> dict[str, Any]:
     variable); `prompt` holds the fields it set (the model's own prompt is in metrics.json)."""
     record = cfg.model_dump(mode="json")
     record["data"] = str(Path(cfg.data).resolve())
-    if cfg.prompt is not None:
-        record["prompt"] = cfg.prompt.model_dump(mode="json", exclude_unset=True)
     return record
 
 

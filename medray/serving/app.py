@@ -25,26 +25,28 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from medray.engines.base import Generation
 from medray.prompts import PromptSpec
 from medray.serve_config import AppConfig
-from medray.serving.errors import APIError, from_validation, install_error_handlers
-from medray.serving.limits import check_openai, read_json
+from medray.serving.errors import APIError, context_error, from_validation, install_error_handlers
+from medray.serving.limits import chars_per_token, check_chars, check_openai_window, read_json
 from medray.serving.llm import wants_prompt_logprobs
+from medray.serving.openai_models import request_models
 from medray.serving.openapi import document
 from medray.serving.prompt_logprobs import last_response, one_prompt_at_a_time
-from medray.serving.relay import Target, engine_error, generations, sse
+from medray.serving.relay import Target, engine_error, generations, relayed_error, sse
 from medray.serving.schemas import (
     Health,
-    MCQRequest,
+    Limits,
+    MCQBase,
     MCQResponse,
     ModelCard,
     ModelList,
-    QARequest,
+    QABase,
     QAResponse,
 )
 
@@ -77,6 +79,12 @@ class QAIngress:
         self._tokenizers: dict[str, Any] = {}
         self._prompts: dict[str, PromptSpec] = {}
         self.tokenizer = self._tokenizer(self.cfg.model)
+        # The request models with this deployment's limits: what the routes validate with
+        # and what /openapi.json shows. Token ids: within every served model's vocabulary.
+        sources = {self.cfg.model, *self.cfg.models.values()}
+        max_id = min(len(self._tokenizer(p)) - 1 for p in sources)
+        self.schemas = request_models(Limits.of(self.cfg, max_id))
+        route.use(self.schemas)
         self.counts: Counter[str] = Counter()
         self._ready_cache: tuple[float, bool, str] = (-1e9, False, "not checked yet")
         self._ready_lock = asyncio.Lock()
@@ -109,15 +117,15 @@ class QAIngress:
             raise APIError(401, "unauthorized", "missing or invalid API key",
                            headers={"WWW-Authenticate": "Bearer"})
 
-    async def _body(self, request: Request, schema: type[BaseModel] | None = None) -> Any:
+    async def _body(self, request: Request, schema: str, status: int = 422) -> Any:
+        """The body validated with this deployment's model `schema` (schemas.py); the
+        OpenAI routes answer an invalid body with a 400, as OpenAI's and vLLM's do."""
         self._auth(request)
         data = await read_json(request, self.cfg.max_body_bytes)
-        if schema is None:
-            return data
         try:
-            return schema.model_validate(data)
+            return self.schemas[schema].model_validate(data)
         except ValidationError as exc:
-            raise from_validation(exc) from None
+            raise from_validation(exc, status) from None
 
     def _target(self, model: str | None, adapter: str | None = None) -> Target:
         cfg = self.cfg
@@ -162,11 +170,7 @@ class QAIngress:
         head = first[0] if isinstance(first, list) and first else first
         error = getattr(head, "error", None)
         if error is not None:
-            code = int(getattr(error, "code", 500) or 500)
-            kind = str(getattr(error, "type", "engine_error"))
-            if code >= 500:
-                code, kind = 503, "engine_error"
-            raise APIError(code, kind, str(error.message)[:1000])
+            raise relayed_error(error)
         return first, gen
 
     async def _call(self, target: Target, method: str, request: Any) -> Any:
@@ -250,10 +254,12 @@ class QAIngress:
     async def models(self, request: Request) -> ModelList:
         self._auth(request)
         cfg = self.cfg
-        cards = [ModelCard(id=cfg.model_id, root=cfg.model)]
-        cards += [ModelCard(id=f"{cfg.model_id}:{a}", root=p, parent=cfg.model_id)
-                  for a, p in cfg.adapters.items()]
-        cards += [ModelCard(id=name, root=p) for name, p in cfg.models.items()]
+        window = cfg.max_model_len
+        cards = [ModelCard(id=cfg.model_id, root=cfg.model, max_model_len=window)]
+        cards += [ModelCard(id=f"{cfg.model_id}:{a}", root=p, parent=cfg.model_id,
+                            max_model_len=window) for a, p in cfg.adapters.items()]
+        cards += [ModelCard(id=name, root=p, max_model_len=window)
+                  for name, p in cfg.models.items()]
         for card in cards:
             card.prompt = self._prompt_of(card.id)
         return ModelList(data=cards)
@@ -264,23 +270,15 @@ class QAIngress:
         self._auth(request)
         return dict(self.counts)
 
-    @route.post("/v1/qa", response_model=QAResponse, body=QARequest)
+    @route.post("/v1/qa", response_model=QAResponse, body="QARequest")
     async def qa(self, request: Request) -> QAResponse:
         from medray.strategies import finish_strategy, plan_strategy
         from medray.tokenization import BudgetError
 
-        body: QARequest = await self._body(request, QARequest)
+        # Sizes, context_tokens (at most max_model_len) and text: checked by the model.
+        body: Any = await self._body(request, "QARequest")
+        assert isinstance(body, QABase)
         cfg = self.cfg
-        if body.context_tokens and body.context_tokens > (cfg.max_context_tokens
-                                                          or cfg.max_model_len):
-            raise APIError(413, "context_too_large", f"context_tokens {body.context_tokens} > "
-                           f"limit {cfg.max_context_tokens}", "context_tokens")
-        if len(body.context) > cfg.max_context_chars:
-            raise APIError(413, "context_too_large", f"context has {len(body.context)} "
-                           f"characters; limit is {cfg.max_context_chars}", "context")
-        if len(body.question) > cfg.max_text_chars:
-            raise APIError(413, "request_too_large", f"question has {len(body.question)} "
-                           f"characters; limit is {cfg.max_text_chars}", "question")
         target = self._target(body.model, body.adapter)
         asked = {"format": body.prompt_format, "context_tokens": body.context_tokens,
                  "strategy": body.strategy, "max_new_tokens": body.max_new_tokens}
@@ -290,7 +288,14 @@ class QAIngress:
             plan = plan_strategy(self._tokenizer(target.source), body.question, body.context,
                                  spec)
         except BudgetError as err:  # the question alone does not fit context_tokens
-            raise APIError(422, "context_tokens_too_small", str(err), "context_tokens") from None
+            raise APIError(400, "invalid_request_error", f"context length: {err}",
+                           "context_tokens") from None
+        # context_tokens <= max_model_len (schema), so every planned prompt fits the window;
+        # chunks answers each piece: at most max_batch of them.
+        if len(plan.prompts) > cfg.max_batch:
+            raise APIError(400, "invalid_request_error", (
+                f"context length: chunks of context_tokens {spec.context_tokens} split it into "
+                f"{len(plan.prompts)} prompts; at most max_batch ({cfg.max_batch})"), "context")
         gens = await self.generate_ids(target, plan.prompts, spec.max_new_tokens)
         res = finish_strategy(plan, gens)
         self.counts["qa"] += 1
@@ -299,17 +304,18 @@ class QAIngress:
                           prompt=spec, prompt_ids=[g.prompt_ids for g in gens]
                           if body.return_prompt_ids else None)
 
-    @route.post("/v1/mcq", response_model=MCQResponse, body=MCQRequest)
+    @route.post("/v1/mcq", response_model=MCQResponse, body="MCQRequest")
     async def mcq(self, request: Request) -> MCQResponse:
         from medray.eval import mcq
 
-        body: MCQRequest = await self._body(request, MCQRequest)
-        chars = len(body.question) + sum(len(o.text) for o in body.options)
-        if chars > self.cfg.max_text_chars:
-            raise APIError(413, "request_too_large", f"question and options have {chars} "
-                           f"characters; limit is {self.cfg.max_text_chars}", "options")
+        body: Any = await self._body(request, "MCQRequest")
+        assert isinstance(body, MCQBase)
         target = self._target(body.model, body.adapter)
         tokenizer = self._tokenizer(target.source)
+        texts = [body.question, *(o.text for o in body.options)]  # type: ignore[attr-defined]
+        texts += [t for s in body.shots for t in (s.question, *(o.text for o in s.options))]  # type: ignore[attr-defined]
+        check_chars(sum(map(len, texts)), self.cfg.max_model_len,
+                    chars_per_token(tokenizer), "options")
         item = body.item()
         try:  # the item's dataset prompt, exactly as the eval runner renders it
             prompt = mcq.render(item, body.shot_set())
@@ -320,8 +326,8 @@ class QAIngress:
         ids = tokenizer.encode(text, add_special_tokens=False)
         budget = body.max_new_tokens or mcq.max_new_tokens(item)
         if len(ids) + budget > self.cfg.max_model_len:
-            raise APIError(413, "request_too_large", f"the prompt has {len(ids)} tokens; "
-                           f"max_model_len is {self.cfg.max_model_len}", "options")
+            raise context_error(self.cfg.max_model_len, len(ids), "options",
+                                "the rendered item", budget)
         gen = (await self.generate_ids(target, [ids], budget))[0]
         _, labels, conforming = mcq.read_answer(gen.text, item)
         self.counts["mcq"] += 1
@@ -331,12 +337,14 @@ class QAIngress:
     async def _openai(self, kind: str, request: Request) -> Any:
         from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
 
-        body = await self._body(request)
-        check_openai(body, kind, self.cfg)
-        target = self._target(body.get("model"))
+        name = "CompletionRequest" if kind == "completions" else "ChatCompletionRequest"
+        body = await self._body(request, name, 400)
+        target = self._target(body.model)
+        # Before the engine, so the answer names the limit (vLLM clamps max_tokens to the rest).
+        check_openai_window(body, self._tokenizer(target.source), self.cfg.max_model_len)
         cls = CompletionRequest if kind == "completions" else ChatCompletionRequest
         try:
-            req = cls.model_validate({**body, "model": target.vllm_model})
+            req = cls.model_validate({**body.engine_body(), "model": target.vllm_model})
         except ValidationError as exc:
             raise from_validation(exc, 400) from None
         except Exception as exc:  # noqa: BLE001 -- vLLM's validators raise their own types
@@ -355,13 +363,14 @@ class QAIngress:
 
     @route.post("/v1/completions", body="CompletionRequest", response="CompletionResponse")
     async def completions(self, request: Request) -> Any:
-        """OpenAI completions (vLLM's fields; `stream` gives server-sent events)."""
+        """OpenAI completions (`stream` gives server-sent events; `echo` with `max_tokens`
+        0 scores the prompt only)."""
         return await self._openai("completions", request)
 
     @route.post("/v1/chat/completions", body="ChatCompletionRequest",
                 response="ChatCompletionResponse")
     async def chat(self, request: Request) -> Any:
-        """OpenAI chat completions (vLLM's fields; `stream` gives server-sent events)."""
+        """OpenAI chat completions (`stream` gives server-sent events)."""
         return await self._openai("chat", request)
 
 

@@ -20,7 +20,9 @@ log = logging.getLogger("medray.serving")
 
 # Documented on every route (OpenAPI `responses`).
 ERROR_STATUSES = {
-    400: "bad request (malformed JSON, invalid text, an engine validation error)",
+    400: "bad request: malformed JSON, invalid text, an OpenAI route's body off its schema, "
+         "or a prompt over the model's context length (max_model_len in /v1/models; "
+         "/v1/qa: a question that alone does not fit context_tokens)",
     401: "missing or invalid API key",
     404: "unknown model, adapter or route",
     413: "a field or the body is over its size limit",
@@ -28,6 +30,23 @@ ERROR_STATUSES = {
     429: "too many requests in flight",
     503: "no LLM replica is ready",
 }
+
+
+# OpenAI's error types by status, for errors relayed from vLLM (whose own types are
+# exception names such as BadRequestError).
+OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 409: "conflict_error",
+                413: "invalid_request_error", 422: "invalid_request_error",
+                429: "rate_limit_error"}
+
+
+def context_error(limit: int, tokens: int, param: str | None, what: str = "the prompt",
+                  new_tokens: int = 1) -> APIError:
+    """A prompt over the context window: 400, naming the limit and the prompt's length."""
+    return APIError(400, "invalid_request_error", (
+        f"This model's maximum context length is {limit} tokens; {what} has {tokens} "
+        f"tokens, which leaves no room for {new_tokens} generated token"
+        f"{'s' if new_tokens != 1 else ''}. Shorten the prompt."), param)
 
 
 class APIError(Exception):

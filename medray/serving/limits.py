@@ -1,5 +1,6 @@
-"""Checks on raw request bodies, done before anything is tokenised or sent to vLLM: body
-size, valid UTF-8 text (no lone surrogates), and the caps of the OpenAI routes."""
+"""Checks on request bodies: body size and valid UTF-8 text (no lone surrogates) before
+anything is parsed further; the context window (as vLLM checks it) before the engine is
+called. Every other bound is in the request models (schemas.py, openai_models.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
-from medray.serve_config import AppConfig
-from medray.serving.errors import APIError
+from medray.serving.errors import APIError, context_error
 
 
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:
@@ -55,83 +55,72 @@ def check_text(value: Any, path: str = "") -> None:
             check_text(v, f"{path}[{i}]")
 
 
-def _int_field(body: dict[str, Any], name: str, low: int, high: int) -> None:
-    value = body.get(name)
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise APIError(400, "invalid_request_error", f"{name} must be an integer", name)
-    if not low <= value <= high:
-        raise APIError(400, "invalid_request_error",
-                       f"{name} is {value}; allowed {low}..{high}", name)
-
-
-def check_openai(body: dict[str, Any], kind: str, cfg: AppConfig) -> None:
-    """Caps for /v1/completions and /v1/chat/completions (vLLM validates the rest)."""
-    if "model" in body and body["model"] is not None and not isinstance(body["model"], str):
-        raise APIError(400, "invalid_request_error", "model must be a string", "model")
-    _int_field(body, "n", 1, cfg.max_n)
-    _int_field(body, "best_of", 1, cfg.max_n)
-    _int_field(body, "max_tokens", 1, cfg.max_model_len)
-    _int_field(body, "max_completion_tokens", 1, cfg.max_model_len)
-    _int_field(body, "prompt_logprobs", 0, cfg.max_logprobs)
-    _int_field(body, "top_logprobs", 0, cfg.max_logprobs)
-    if kind == "completions":
-        _int_field(body, "logprobs", 0, cfg.max_logprobs)
-        _check_prompt(body.get("prompt"), cfg)
-    else:
-        messages = body.get("messages")
-        if not isinstance(messages, list) or not messages:
-            raise APIError(400, "invalid_request_error", "messages must be a non-empty list",
-                           "messages")
-        if len(messages) > cfg.max_batch:
-            raise APIError(413, "request_too_large", f"{len(messages)} messages; limit is "
-                           f"{cfg.max_batch}", "messages")
-        if _chars(messages) > cfg.max_context_chars:
-            raise APIError(413, "request_too_large", "messages have more than "
-                           f"{cfg.max_context_chars} characters", "messages")
-    stop = body.get("stop")
-    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
-    if len(stops) > 16 or any(isinstance(s, str) and len(s) > cfg.max_text_chars
-                              for s in stops):
-        raise APIError(413, "request_too_large", "stop: at most 16 sequences of "
-                       f"{cfg.max_text_chars} characters", "stop")
-
-
-def _check_prompt(prompt: Any, cfg: AppConfig) -> None:
-    """A string, a list of strings, a token-id list or a list of token-id lists, non-empty."""
-    if prompt is None:
-        raise APIError(400, "invalid_request_error", "prompt is required", "prompt")
+def prompt_tokens(prompt: Any, tokenizer: Any, bound: int) -> list[int]:
+    """Tokens of each completion prompt as vLLM counts them (text with the tokenizer's
+    special tokens). A text whose UTF-8 bytes, plus two special tokens, stay under `bound`
+    is not tokenised: byte-level tokenizers give at most one token per byte."""
     items = prompt if isinstance(prompt, list) and prompt and not isinstance(
         prompt[0], int) else [prompt]
-    if len(items) > cfg.max_batch:
-        raise APIError(413, "request_too_large", f"{len(items)} prompts; limit is "
-                       f"{cfg.max_batch}", "prompt")
+    out = []
     for item in items:
-        if isinstance(item, str):
-            if not item:
-                raise APIError(400, "invalid_request_error", "prompt is empty", "prompt")
-            if len(item) > cfg.max_context_chars:
-                raise APIError(413, "request_too_large", f"prompt has {len(item)} characters;"
-                               f" limit is {cfg.max_context_chars}", "prompt")
-        elif isinstance(item, list):
-            if not item or not all(isinstance(t, int) and not isinstance(t, bool)
-                                   for t in item):
-                raise APIError(400, "invalid_request_error",
-                               "a token prompt must be a non-empty list of integers", "prompt")
-            if len(item) > cfg.max_model_len:
-                raise APIError(413, "request_too_large", f"prompt has {len(item)} tokens; "
-                               f"max_model_len is {cfg.max_model_len}", "prompt")
+        if isinstance(item, list):
+            out.append(len(item))
+        elif len(item.encode("utf-8")) + 2 < bound:
+            out.append(0)
         else:
-            raise APIError(400, "invalid_request_error", "prompt must be text or token ids",
-                           "prompt")
+            out.append(len(tokenizer.encode(item, add_special_tokens=True)))
+    return out
 
 
-def _chars(value: Any) -> int:
-    if isinstance(value, str):
-        return len(value)
-    if isinstance(value, dict):
-        return sum(_chars(v) for v in value.values())
-    if isinstance(value, list):
-        return sum(_chars(v) for v in value)
-    return 0
+def chat_tokens(messages: list[Any], tokenizer: Any) -> int | None:
+    """Tokens of the rendered conversation (the model's chat template, as vLLM renders it:
+    text parts joined by newlines); None where the template cannot render it (vLLM says why)."""
+    conversation = []
+    for m in messages:
+        content = m.content
+        if isinstance(content, list):
+            content = "\n".join(part.text for part in content)
+        conversation.append({"role": m.role, "content": content or ""})
+    try:
+        text = tokenizer.apply_chat_template(conversation, tokenize=False,
+                                             add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 -- no template, or one that refuses this conversation
+        return None
+    return len(tokenizer.encode(text, add_special_tokens=False))
+
+
+def check_window(lengths: list[int], limit: int, new_tokens: int, param: str) -> None:
+    """vLLM's rule: each prompt leaves room for the generated tokens it must produce (one;
+    none for echo with max_tokens 0); longer max_tokens are clamped to what is left."""
+    longest = max(lengths, default=0)
+    if longest + new_tokens > limit:
+        raise context_error(limit, longest, param, new_tokens=new_tokens)
+
+
+def check_openai_window(body: Any, tokenizer: Any, limit: int) -> None:
+    """Each prompt of a completion / the rendered chat fits the window with room for a
+    generated token (vLLM's rule; with echo and max_tokens 0 vLLM still runs one step)."""
+    if hasattr(body, "prompt"):
+        check_window(prompt_tokens(body.prompt, tokenizer, limit), limit, 1, "prompt")
+    else:
+        check_window([chat_tokens(body.messages, tokenizer) or 0], limit, 1, "messages")
+
+
+_CHARS_PER_TOKEN: dict[int, int] = {}
+
+
+def chars_per_token(tokenizer: Any) -> int:
+    """The longest token's length (per tokenizer object; the ingress keeps them)."""
+    key = id(tokenizer)
+    if key not in _CHARS_PER_TOKEN:
+        _CHARS_PER_TOKEN[key] = max(map(len, tokenizer.get_vocab()))
+    return _CHARS_PER_TOKEN[key]
+
+
+def check_chars(chars: int, limit: int, chars_per_token: int, param: str) -> None:
+    """vLLM's check before tokenising: text longer than the window's tokens can hold at the
+    tokenizer's longest token is over the window, whatever its tokens."""
+    if chars > limit * chars_per_token:
+        raise APIError(400, "invalid_request_error", (
+            f"This model's maximum context length is {limit} tokens; the text has {chars} "
+            f"characters, more than {limit} tokens can hold. Shorten it."), param)

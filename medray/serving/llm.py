@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,7 +13,7 @@ from typing import Any
 from ray.llm._internal.common.callbacks.base import CallbackBase
 from ray.serve.llm import LLMServer
 
-from medray.engines.vllm import cpu_dtype, cpu_env
+from medray.engines.vllm import cpu_dtype, serve_cpu_env
 from medray.serve_config import AppConfig
 
 
@@ -96,8 +97,9 @@ def wants_prompt_logprobs(request: Any) -> bool:
     """vLLM computes prompt log-probs for `prompt_logprobs`, or for `echo` with `logprobs`."""
     if getattr(request, "prompt_logprobs", None) is not None:
         return True
-    return bool(getattr(request, "echo", False)) and getattr(request, "logprobs", None) not in (
-        None, False)
+    # `logprobs: 0` asks for them too (0 == False, so no `in (None, False)` test).
+    logprobs = getattr(request, "logprobs", None)
+    return bool(getattr(request, "echo", False)) and logprobs is not None and logprobs is not False
 
 
 class GatedLLMServer(LLMServer):
@@ -115,12 +117,24 @@ class GatedLLMServer(LLMServer):
         await super().__init__(*args, **kwargs)
         self._gate = ExclusiveGate() if self._llm_config.lora_config is not None else None
 
+    def _get_default_engine_class(self) -> type:
+        """VLLMEngine with the in-process engine core on CPU (medray.serving.inproc); Ray's
+        RAYLLM_VLLM_ENGINE_CLS override still wins. Imported here: vLLM only in replicas."""
+        from ray.llm._internal.serve.constants import RAYLLM_VLLM_ENGINE_CLS_ENV
+
+        if os.environ.get(RAYLLM_VLLM_ENGINE_CLS_ENV):
+            return super()._get_default_engine_class()
+        from medray.serving.inproc import InprocVLLMEngine
+
+        return InprocVLLMEngine
+
     async def __del__(self) -> None:
         """Stop vLLM in order when Serve stops this replica (its requests already drained):
-        the output task first, then the engine process. Left to itself, vLLM stops the
-        engine first at process exit, and the output task, still waiting on it, logs an
-        EngineDeadError traceback on some stops. The engine process gets two seconds to
-        exit before it is killed; on CPU its graceful exit takes about five."""
+        the output task first, then the engine core. Left to itself, vLLM stops the engine
+        first at process exit, and the output task, still waiting on it, logs an
+        EngineDeadError traceback on some stops. An engine-core process (vLLM's multiprocess
+        engine) gets two seconds to exit before it is killed (its graceful exit takes about
+        five on CPU); the in-process one stops after the step in flight."""
         client = getattr(getattr(self, "engine", None), "_engine_client", None)
         handler = getattr(client, "output_handler", None)
         if handler is not None and not handler.done():
@@ -171,7 +185,7 @@ def llm_config(cfg: AppConfig, model_id: str, source: str, lora: bool) -> Any:
         extra.update(
             accelerator_config={"kind": "cpu"},
             placement_group_config={"bundles": [{"CPU": cfg.llm.num_cpus}]},
-            runtime_env={"env_vars": cpu_env(engine)},
+            runtime_env={"env_vars": serve_cpu_env(engine)},
         )
     return LLMConfig(
         model_loading_config={"model_id": model_id, "model_source": source},

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from ray.serve.handle import DeploymentHandle
 
 from medray.engines.base import Generation
-from medray.serving.errors import APIError
+from medray.serving.errors import OPENAI_TYPES, APIError
 
 
 @dataclass
@@ -54,6 +54,17 @@ def engine_error(exc: BaseException) -> APIError:
     if isinstance(exc, (rex.RayActorError, rex.ActorUnavailableError, TimeoutError)):
         return APIError(503, "unavailable", "the LLM replica is unavailable; retry later")
     return APIError(503, "engine_error", f"the LLM engine failed ({type(cause).__name__})")
+
+
+def relayed_error(error: Any) -> APIError:
+    """vLLM's ErrorResponse as medray's error: its status and message, OpenAI's type for
+    the status; an engine fault (5xx) is the service's, a 503."""
+    code = int(getattr(error, "code", 500) or 500)
+    if code >= 500 or code not in OPENAI_TYPES:
+        return APIError(503, "engine_error", "the LLM engine failed; retry later")
+    param = getattr(error, "param", None)
+    return APIError(code, OPENAI_TYPES[code], str(error.message)[:1000],
+                    param if isinstance(param, str) else None)
 
 
 async def sse(first: Any, gen: Any) -> Any:
