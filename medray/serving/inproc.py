@@ -17,6 +17,7 @@ requests. The switch is the SERVE_INPROC_ENV variable of the replica's runtime e
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import types
 from collections.abc import Callable, Iterator
@@ -30,6 +31,9 @@ from vllm.v1.engine.core_client import EngineCoreClient, InprocClient
 
 from medray.engines.vllm import SERVE_ENGINE_THREAD as ENGINE_THREAD
 from medray.engines.vllm import SERVE_INPROC_ENV
+
+# Serve's logger: its lines land in the replica's own log, beside the request log.
+log = logging.getLogger("ray.serve")
 
 # EngineCoreClient's `*_async` methods that map one-to-one onto InprocClient's sync ones.
 _THREADED = ("get_supported_tasks", "abort_requests", "add_lora", "remove_lora",
@@ -108,7 +112,10 @@ class AsyncInprocClient(InprocClient):
         try:
             stop.result(timeout)
         except FutureTimeout:
-            pass
+            log.info("[shutdown] in-process vLLM engine core: still stopping after %ss "
+                     "(the step in flight ends first)", timeout)
+            return
+        log.info("[shutdown] in-process vLLM engine core: stopped")
 
 
 def _threaded(name: str) -> Callable[..., Any]:
