@@ -63,7 +63,7 @@ def medray_cli(*args: str) -> None:
         raise RuntimeError(f"medray {shlex.join(args)} failed:\n{proc.stdout}{proc.stderr}")
 
 
-def prepare(dataset: str, work: Path) -> Path:
+def prepare(dataset: str, work: Path, scale: str | None = None) -> Path:
     out = work / f"{dataset}-prepared"
     if dataset == "europemedqa":
         raw = SHARED / "europemedqa"
@@ -72,7 +72,8 @@ def prepare(dataset: str, work: Path) -> Path:
                              "(set MEDRAY_SHARED_DATA)")
     else:
         raw = work / f"{dataset}-raw"
-        medray_cli("data", "synth", "-d", dataset, "--out", str(raw))
+        medray_cli("data", "synth", "-d", dataset, "--out", str(raw),
+                   *(["--scale", scale] if scale else []))
     medray_cli("data", "prepare", "-d", dataset, "-i", str(raw), "--out", str(out))
     return out
 
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="medray's engine for the option scores (both score options)")
     ap.add_argument("--lm-eval-batch-size", type=int, default=1)
     ap.add_argument("--datasets", default=",".join(DATASETS))
+    ap.add_argument("--robiology-scale", choices=("small", "paper"), default=None,
+                    help="synthetic RoBiology's size (default: `medray data synth`'s, paper)")
     ap.add_argument("--json", default=None, help="also write the comparison here")
     ap.add_argument("--no-results", action="store_true",
                     help="do not write docs/results/lm_eval_parity.json")
@@ -246,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"imported SmolLM2-135M-Instruct to {model} in "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
     names = [d for d in args.datasets.split(",") if d]
-    items = {name: single_items(prepare(name, work), args.n) for name in names}
+    items = {name: single_items(prepare(name, work, args.robiology_scale), args.n)
+             for name in names}
     docs = {name: medray_requests(exs) for name, exs in items.items()}
     task_dir = work / "tasks"
     task_dir.mkdir()
