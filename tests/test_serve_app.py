@@ -74,7 +74,7 @@ def test_every_route_but_healthz_needs_a_key(anon, path):
 def test_qa_trim_matches_a_direct_completion_of_the_training_prompt(client, serve_app):
     from transformers import AutoTokenizer
 
-    from medray.tokenization import build_prompt_ids, encode_context
+    from medray.prompts.tokens import build_prompt_ids, encode_context
 
     _, _, cfg = serve_app
     q = "Care este stadiul tumorii?"

@@ -86,7 +86,7 @@ def test_cycle_finder_finds_a_cycle_and_accepts_a_tree():
 
 def test_graph_sees_deferred_imports():
     graph = import_graph()
-    assert "medray.fsutil" in graph["medray.train.trainer"]  # imported inside a function
+    assert "medray.io" in graph["medray.train.trainer"]  # imported inside a function
 
 
 def test_no_import_cycle_in_medray():
@@ -102,18 +102,18 @@ def test_every_module_is_small():
 
 # Entry points that may join Ray: the command line, the Ray helper itself, and the demo
 # (a program of its own: its Ray has a dashboard and hosts its Serve apps).
-RAY_ENTRY_POINTS = ("medray.cli", "medray.raycluster", "medray.demo")
+RAY_ENTRY_POINTS = ("medray.cli", "medray.cluster", "medray.demo")
 
 
 def test_ray_is_joined_only_at_entry_points():
-    """Library code runs on the Ray its entry point joined (raycluster.require_connected),
+    """Library code runs on the Ray its entry point joined (cluster.require_connected),
     so the entry point's resource floor applies; it never calls ray.init or connect."""
     offenders = []
     for name, path in _modules().items():
         if name.startswith(RAY_ENTRY_POINTS):
             continue
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module == "medray.raycluster" and any(
+            if isinstance(node, ast.ImportFrom) and node.module == "medray.cluster" and any(
                     alias.name == "connect" for alias in node.names):
                 offenders.append(f"{name}:{node.lineno} imports connect")
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)

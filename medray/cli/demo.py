@@ -22,7 +22,7 @@ def demo(
     from medray.config import ConfigError
     from medray.console import command_console, fail
     from medray.demo import DEFAULT_DEMO_CONFIG, run_demo
-    from medray.fsutil import OutputRefused, claim_directory
+    from medray.io import OutputRefused, claim_directory
 
     try:  # claimed before the console writes OUTPUT/logs into it
         claim_directory(output, command="demo")

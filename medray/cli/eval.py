@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import typer
 
-from medray.choices import MetricMode
+from medray.cli.choices import MetricMode
 from medray.console import command_console, fail
 
 _CFG = "--config path (any engine, from a YAML file)"
@@ -24,7 +24,7 @@ _ENG = "--engine path (shorthand: the config from flags)"
 
 
 def _init_ray(address: str | None, num_cpus: int | None) -> None:
-    from medray.raycluster import connect
+    from medray.cluster import connect
 
     connect(address, num_cpus=num_cpus)
 
@@ -130,7 +130,7 @@ def eval_cmd(
     from medray.eval.config import EXECUTION_ONLY
     from medray.eval.runio import RunMismatch, open_run
     from medray.eval.runner import config_record
-    from medray.fsutil import OutputRefused
+    from medray.io import OutputRefused
 
     try:  # claimed (and a resume checked) before the console writes OUTPUT/logs into it
         open_run(output, config_record(cfg), inputs=[cfg.data], ignore=EXECUTION_ONLY)
@@ -301,7 +301,7 @@ def report_cmd(
     """Paper-style tables (Markdown, CSV, LaTeX) and PNG plots from evaluation runs, generative
     and multiple-choice runs in one table; per-field breakdowns and the items all runs miss."""
     from medray.eval.report import ReportError, write_report
-    from medray.fsutil import OutputRefused
+    from medray.io import OutputRefused
 
     fields = [f.strip() for f in (by or "").split(",") if f.strip()]
     try:

@@ -41,8 +41,8 @@ def context_length(
     BLEU / METEOR with CIs per length, in-domain and cross-domain. Rerunning the same command
     resumes: finished trials and answered items are kept."""
     from medray.config import ConfigError
-    from medray.fsutil import OutputRefused, claim_directory
-    from medray.study import parse_lengths, sweep_plan
+    from medray.io import OutputRefused, claim_directory
+    from medray.tune.study import parse_lengths, sweep_plan
 
     if (config is None) == (eval_only is None):
         fail("give --config (train at each length) or --eval-only MODEL, not both")
@@ -86,10 +86,10 @@ def _resumed(output: Path, budgets: list[int]):
 
 def _run(plan, budgets, eval_only, data_dir, output, display, splits, engine, limit,
          resamples, resume) -> None:
-    from medray.raycluster import StorageNotShared, connect
-    from medray.study import evaluate_lengths, trained_models, write_tables
+    from medray.cluster import StorageNotShared, connect
     from medray.tune.outputs import SweepFailed
     from medray.tune.plan import local_cpus
+    from medray.tune.study import evaluate_lengths, trained_models, write_tables
     from medray.tune.sweep import preflight_sweep, run_sweep
 
     if plan is not None:

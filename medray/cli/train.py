@@ -9,7 +9,7 @@ from pathlib import Path
 
 import typer
 
-from medray.choices import DType
+from medray.cli.choices import DType
 from medray.console import command_console, fail, terminal
 
 model_app = typer.Typer(rich_markup_mode=None,
@@ -30,7 +30,7 @@ def model_tiny(
 ) -> None:
     """A small random-init Llama + a byte-level BPE tokenizer trained on the corpus."""
     from medray.console import library_output_hidden
-    from medray.fsutil import check_output
+    from medray.io import check_output
     from medray.models import build_tiny_model, corpus_from_prepared
 
     try:
@@ -108,15 +108,15 @@ def train(
     """Fine-tune with LoRA on Ray Train (DeepSpeed ZeRO); writes OUTPUT/adapter, metrics.json."""
     from medray.config import ConfigError
     from medray.models import LoraTargetError
-    from medray.tokenization import BudgetError
+    from medray.prompts.tokens import BudgetError
     from medray.train.config import load_config
 
     try:
         cfg = load_config(config, overrides or [])
     except ConfigError as exc:
         fail(str(exc))
-    from medray.fsutil import OutputRefused, check_output
-    from medray.raycluster import StorageNotShared, connect
+    from medray.cluster import StorageNotShared, connect
+    from medray.io import OutputRefused, check_output
     from medray.train.trainer import preflight, run_training
 
     try:  # the run directory is created (with medray's marker) once the preflight passed

@@ -7,7 +7,7 @@ from typing import Any
 
 import typer
 
-from medray.choices import OptMode, SearchAlg, SweepMetric
+from medray.cli.choices import OptMode, SearchAlg, SweepMetric
 from medray.console import command_console, fail, terminal
 
 
@@ -38,9 +38,9 @@ def tune(
     OUTPUT/val_f1_vs_hparams.png and TensorBoard files (tensorboard --logdir OUTPUT).
     Ctrl-C stops the sweep, keeps what finished and exits 130; --resume continues it.
     """
+    from medray.cluster import StorageNotShared
     from medray.config import ConfigError
-    from medray.fsutil import OutputRefused, claim_directory
-    from medray.raycluster import StorageNotShared
+    from medray.io import OutputRefused, claim_directory
     from medray.tune.outputs import SweepFailed
     from medray.tune.plan import load_plan, plan_sweep
 
@@ -80,7 +80,7 @@ def tune(
 
 def _run(plan: Any, display: Any, *, resume: bool, best_if_partial: bool) -> Any:
     """The sweep under the console: a bar of finished trials (new sweeps), then the summary."""
-    from medray.raycluster import connect
+    from medray.cluster import connect
     from medray.tune.plan import local_cpus, trial_count
     from medray.tune.progress import TrialProgress
     from medray.tune.sweep import preflight_sweep, run_sweep

@@ -1,6 +1,6 @@
 """Render one prepared example's prompt (what `medray data prompt` prints).
 
-MedQARo prompts are built by the training/serving code itself (medray.tokenization with the
+MedQARo prompts are built by the training/serving code itself (medray.prompts.tokens with the
 PromptSpec, so the answer reserve is the spec's); multiple-choice prompts use the seeded
 shot picker the evaluation uses.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from medray.data.prepared import PreparedData
-from medray.prompts import PromptSpec, medqaro_prompt, medqaro_prompt_parts
+from medray.prompts.spec import PromptSpec, medqaro_prompt, medqaro_prompt_parts
 
 
 def _row(data: PreparedData, example_id: str) -> dict[str, Any]:
@@ -47,7 +47,7 @@ def render_example(data: PreparedData, example_id: str, spec: PromptSpec | None 
                                   trim_context_words(row["question"], context, spec),
                                   spec.format)
         from medray.models import load_tokenizer
-        from medray.tokenization import build_prompt_ids, encode_context
+        from medray.prompts.tokens import build_prompt_ids, encode_context
 
         tok = load_tokenizer(tokenizer)
         ids = build_prompt_ids(tok, row["question"], encode_context(tok, context), spec)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from medray.engines.accounting import PRICES_AS_OF, cost_usd, estimate_tokens
 from medray.eval import mcq
 from medray.eval.plan import EvalPlan
-from medray.prompts import medqaro_prompt
+from medray.prompts.spec import medqaro_prompt
 
 IMAGE_TOKENS_ESTIMATE = 1600  # per image, dry-run estimate only (providers differ)
 

@@ -3,7 +3,7 @@ the answer out of a model's reply. The eval runner, Serve's /v1/mcq route, ensem
 `medray data prompt` all use these functions, so an item is asked and read the same way
 whoever asks it.
 
-- Prompts: the dataset's prompt (`DatasetSpec.prompt`, texts in medray/prompts.py) per
+- Prompts: the dataset's prompt (`DatasetSpec.prompt`, texts in medray/prompts/text.py) per
   kind, with k shots from the train split picked by `pick_shots` (seeded; the same shots
   for every item of a kind). Group items can be asked as multiple choice over their
   statements and mapped back to a letter (`group_as_multiple`).
@@ -24,9 +24,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from medray.datasets import dataset_spec
+from medray.data.registry import dataset_spec
 from medray.eval.metrics.mcq import extract_answer, extract_statements, statements_to_group
-from medray.prompts import REFERENCE_MAX_NEW_TOKENS, ChatPrompt, PromptSpec
+from medray.prompts.spec import REFERENCE_MAX_NEW_TOKENS, ChatPrompt, PromptSpec
 
 _ID_PREFIX = re.compile(r"^\s*(?:question\s*id\s*[:=]?\s*)?\**([A-Z]{2}\d{1,6})\**\s*[:\-–]\s*",
                         re.IGNORECASE)

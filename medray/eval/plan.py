@@ -17,7 +17,7 @@ from medray.data.prepared import PreparedData, load_prepared
 from medray.eval import mcq
 from medray.eval.config import EvalConfig
 from medray.eval.governance import GovernanceError, check_external_use
-from medray.prompts import PromptSpec
+from medray.prompts.spec import PromptSpec
 
 CALL = 16  # items per engine call
 PATIENT_CALL = 128  # at most this many of one patient's questions per call (E+Q+A)

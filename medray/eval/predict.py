@@ -3,7 +3,7 @@ evaluation, the same in an evaluation actor (medray/eval/actors.py) and in-proce
 
 How each engine kind is asked:
 - generative, Serve: the QA route (`/v1/qa`), which trims as training did;
-- generative, local model (vllm, hf): the prompt strategies of medray/strategies.py;
+- generative, local model (vllm, hf): the prompt strategies of medray/prompts/strategies.py;
 - generative, chat API: the whole epicrisis (the papers' API baselines did no trimming);
 - multiple choice: the prompt of medray/eval/mcq.py (Serve through its `/v1/mcq` route with
   the item's dataset, chat APIs as system/user pair with the item's images);
@@ -18,7 +18,7 @@ from typing import Any
 from medray.eval import mcq
 from medray.eval.config import EvalConfig
 from medray.eval.runio import prediction_row
-from medray.prompts import PromptSpec
+from medray.prompts.spec import PromptSpec
 
 
 def baseline_rows(cfg: EvalConfig, data: Any) -> list[dict]:
@@ -107,7 +107,7 @@ class Predictor:
 
     def _strategies(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The examples' prompts (per the long-context strategy) in one engine call."""
-        from medray.strategies import run_strategies
+        from medray.prompts.strategies import run_strategies
 
         p, budget = self.prompt, self._generative_budget()
         if budget != p.max_new_tokens:
@@ -124,7 +124,7 @@ class Predictor:
                 for ex, res in zip(examples, results, strict=True)]
 
     def _whole_context(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        from medray.prompts import medqaro_prompt
+        from medray.prompts.spec import medqaro_prompt
 
         prompts = [medqaro_prompt(ex["question"], self.data.context(ex["context_id"]))
                    for ex in examples]

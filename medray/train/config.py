@@ -17,7 +17,7 @@ from medray.config import Strict as _Strict
 from medray.config import apply_overrides as apply_overrides
 from medray.config import format_errors as format_errors
 from medray.config import parse_override as parse_override
-from medray.prompts import TRAIN_STRATEGIES, PromptSpec, moved_prompt_keys
+from medray.prompts.spec import TRAIN_STRATEGIES, PromptSpec, moved_prompt_keys
 
 
 class ModelConfig(_Strict):
@@ -58,7 +58,7 @@ class DataConfig(_Strict):
     val_generate_examples: int = Field(32, ge=0)
     shuffle_buffer: int = Field(256, ge=0)
     # Ray Data actor pool size, used when there is too much text to tokenise in-process
-    # (medray.tokenization.tokenize_contexts says when).
+    # (medray.prompts.tokens.tokenize_contexts says when).
     tokenize_actors: int = Field(2, ge=1)
 
 
@@ -103,7 +103,7 @@ class ScalingConfig(_Strict):
 
     def local_cpus(self) -> float:
         """Logical CPUs a local Ray needs for the run: the Train workers plus room for the
-        driver and Ray Data's tasks (`min_cpus` of medray.raycluster.connect)."""
+        driver and Ray Data's tasks (`min_cpus` of medray.cluster.connect)."""
         return self.num_workers * self.cpus_per_worker + 2
 
 

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from medray.datasets import dataset_spec
+from medray.data.registry import dataset_spec
 from medray.eval.mcq import example_dict, max_new_tokens, prompt_text, question_id, read_answer
 from medray.eval.mcq import render as render_item
-from medray.prompts import PromptSpec
-from medray.tokenization import IGNORE_INDEX, BudgetError
+from medray.prompts.spec import PromptSpec
+from medray.prompts.tokens import IGNORE_INDEX, BudgetError
 
 
 def target_text(ex: dict) -> str:

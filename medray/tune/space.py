@@ -221,7 +221,7 @@ def apply_params(raw: dict, params: dict[str, Any]) -> dict:
 
 def check_keys(space: Space, source: str = "<space>") -> None:
     """Every `fixed` and `params` key is a field of the training config (TrainConfig)."""
-    from medray.prompts import moved_prompt_keys
+    from medray.prompts.spec import moved_prompt_keys
     from medray.train.config import TrainConfig
 
     keys = {**{k: "fixed" for k in space.fixed}, **{k: "params" for k in space.params}}

@@ -2,7 +2,7 @@
 
 Preparation, the data commands, prompt dispatch, the eval runner and governance all read
 this table instead of testing dataset names, so a new benchmark is one entry here plus its
-loader module (medray/data/NAME.py) and, for multiple choice, its prompt in prompts.py.
+loader module (medray/data/NAME.py) and, for multiple choice, its prompt in medray/prompts/text.py.
 Loaders and generators are named as "module:function" and imported only when used, so
 reading the table costs nothing.
 """
@@ -57,21 +57,21 @@ DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in (
     DatasetSpec(
         name="medqaro", kind="generative", clinical=True,
         loader="medray.data.loaders:load_medqaro",
-        synthetic="medray.data.synth_medqaro:write_medqaro",
-        prompt="medray.prompts:medqaro_prompt"),  # budget: the PromptSpec's
+        synthetic="medray.data.synth.medqaro:write_medqaro",
+        prompt="medray.prompts.spec:medqaro_prompt"),  # budget: the PromptSpec's
     DatasetSpec(
         name="robiology", kind="mcq", clinical=False,
         loader="medray.data.loaders:load_robiology",
-        synthetic="medray.data.synth_mcq:write_robiology",
-        prompt="medray.prompts:robiology_item_prompt",
+        synthetic="medray.data.synth.mcq:write_robiology",
+        prompt="medray.prompts.spec:robiology_item_prompt",
         max_new_tokens={"single": 5, "group": 5, "multiple": 10, "group_as_multiple": 10},
         # 90 small items teach the tiny model only the answer format; 11,347 teach content.
         shots=(0, 1, 3, 5), synthetic_scale="paper"),
     DatasetSpec(
         name="europemedqa", kind="mcq", clinical=False,
         loader="medray.data.loaders:load_europemedqa",
-        synthetic="medray.data.synth_mcq:write_europemedqa",
-        prompt="medray.prompts:europemedqa_item_prompt",
+        synthetic="medray.data.synth.mcq:write_europemedqa",
+        prompt="medray.prompts.spec:europemedqa_item_prompt",
         # Answers carry the question id ("IT0001: A"); multi-answer ones list letters.
         max_new_tokens={"single": 12, "multiple": 20}, id_prefix=True),
 )}

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from medray.fsutil import atomic_directory
+from medray.io import atomic_directory
 
 HELD_OUT_FRACTION = 0.05  # documents kept aside to measure held-out LM loss
 

@@ -14,9 +14,9 @@ from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from medray.serving.schemas import ErrorBody
+from medray.serve.schemas import ErrorBody
 
-log = logging.getLogger("medray.serving")
+log = logging.getLogger("medray.serve")
 
 # Documented on every route (OpenAPI `responses`).
 ERROR_STATUSES = {

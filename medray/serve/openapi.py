@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from medray.serving.errors import openapi_errors
+from medray.serve.errors import openapi_errors
 
 REF = "#/components/schemas/{model}"
 

@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from datetime import date, timedelta
 
-from medray.data import synth_medqaro_text as V
+from medray.data.synth import medqaro_text as V
 
 
 @dataclass

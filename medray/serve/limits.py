@@ -9,7 +9,7 @@ from typing import Any
 
 from fastapi import Request
 
-from medray.serving.errors import APIError, context_error
+from medray.serve.errors import APIError, context_error
 
 
 async def read_json(request: Request, max_bytes: int) -> dict[str, Any]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from medray import fsutil
-from medray.fsutil import (
+from medray import io as fsio
+from medray.io import (
     MARKER,
     OutputRefused,
     atomic_directory,
@@ -39,7 +39,7 @@ def test_swap_renames_old_aside_before_the_new_one_goes_in(tmp_path, monkeypatch
         calls.append((Path(src).name, Path(dst).name))
         real_rename(src, dst)
 
-    monkeypatch.setattr(fsutil.os, "rename", spy)
+    monkeypatch.setattr(fsio.os, "rename", spy)
     with atomic_directory(out) as tmp:
         (tmp / "v").write_text("2")
     assert (out / "v").read_text() == "2"
@@ -80,7 +80,7 @@ def test_marker_is_written_and_deterministic(tmp_path):
 
 def _kill_mid_write(tmp_path: Path, out: Path) -> None:
     """A real process killed with SIGKILL inside atomic_directory."""
-    code = (f"import time; from medray.fsutil import atomic_directory\n"
+    code = (f"import time; from medray.io import atomic_directory\n"
             f"with atomic_directory({str(out)!r}) as t:\n"
             f"    (t / 'half').write_text('x'); print('ready', flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
@@ -103,7 +103,7 @@ def test_stale_temp_from_a_killed_run_is_removed_by_the_next_run(tmp_path):
 
 
 def test_a_live_writers_temp_is_kept(tmp_path):
-    live = tmp_path / f".out.medray-tmp.{fsutil.socket.gethostname().replace('.', '_')}" \
+    live = tmp_path / f".out.medray-tmp.{fsio.socket.gethostname().replace('.', '_')}" \
         f".{os.getpid()}.abcd"
     live.mkdir()
     assert clean_stale(tmp_path / "out") == [] and live.exists()
@@ -111,7 +111,7 @@ def test_a_live_writers_temp_is_kept(tmp_path):
 
 def test_old_output_set_aside_by_a_kill_is_put_back(tmp_path):
     out = tmp_path / "out"
-    host = fsutil.socket.gethostname().replace(".", "_")
+    host = fsio.socket.gethostname().replace(".", "_")
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True).stdout.strip()
     time.sleep(0.1)

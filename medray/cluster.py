@@ -63,7 +63,7 @@ def require_connected(what: str) -> None:
 
     if not ray.is_initialized():
         raise RuntimeError(f"{what} needs Ray: the entry point calls "
-                           "medray.raycluster.connect() first")
+                           "medray.cluster.connect() first")
 
 
 class StorageNotShared(RuntimeError):

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from ray.serve.handle import DeploymentHandle
 
 from medray.engines.base import Generation
-from medray.serving.errors import OPENAI_TYPES, APIError
+from medray.serve.errors import OPENAI_TYPES, APIError
 
 
 @dataclass

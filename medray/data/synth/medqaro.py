@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from medray.data.synth_medqaro_families import NO, YES, families_for
-from medray.data.synth_medqaro_patient import Patient, make_patient, render_epicrisis
-from medray.data.synth_medqaro_text import CROSS_DOMAIN
-from medray.fsutil import atomic_directory
+from medray.data.synth.medqaro_families import NO, YES, families_for
+from medray.data.synth.medqaro_patient import Patient, make_patient, render_epicrisis
+from medray.data.synth.medqaro_text import CROSS_DOMAIN
+from medray.io import atomic_directory
 
 SCALES = ("small", "paper")
 SPLIT_FILES = {"train": "train.csv", "val": "val.csv", "test": "test.csv",

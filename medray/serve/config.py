@@ -1,7 +1,7 @@
 """The Serve app's config: the `args` of a Serve config file (serve/*.yaml).
 
-Kept apart from medray/serving/ so `medray serve --config` can validate a YAML file without
-importing Ray Serve or vLLM. The HTTP API's schemas are in medray/serving/schemas.py.
+Kept apart from medray/serve/ so `medray serve --config` can validate a YAML file without
+importing Ray Serve or vLLM. The HTTP API's schemas are in medray/serve/schemas.py.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from medray.config import ConfigError, Strict, read_yaml, validate
-from medray.prompts import (
+from medray.prompts.spec import (
     PromptOverride,
     PromptSpec,
     load_prompt_spec,
@@ -42,7 +42,7 @@ class Replicas(Strict):
 
 
 class AppConfig(Strict):
-    """Everything `medray.serve_app:build_app` needs; the `args` block of serve/*.yaml.
+    """Everything `medray.serve.app:build_app` needs; the `args` block of serve/*.yaml.
 
     Relative paths (model, models, adapters, api_keys_file) are resolved against
     `base_dir`: `medray serve --config FILE` sets it to FILE's folder; when unset (e.g. Serve's

@@ -11,9 +11,9 @@ Same arguments -> byte-identical files. ``scale`` is one of ``SCALES``; anything
 
 from __future__ import annotations
 
-from medray.data.synth_mcq import write_europemedqa, write_robiology
-from medray.data.synth_medqaro import SCALES, write_medqaro
-from medray.datasets import DATASETS
+from medray.data.registry import DATASETS
+from medray.data.synth.mcq import write_europemedqa, write_robiology
+from medray.data.synth.medqaro import SCALES, write_medqaro
 
 # Each benchmark's generator, as its DatasetSpec names it.
 WRITERS = {name: spec.write_synthetic for name, spec in DATASETS.items()}

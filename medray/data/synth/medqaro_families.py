@@ -12,8 +12,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from medray.data import synth_medqaro_text as V
-from medray.data.synth_medqaro_patient import Patient, months_between, years_between
+from medray.data.synth import medqaro_text as V
+from medray.data.synth.medqaro_patient import Patient, months_between, years_between
 
 NO, YES, NK = "Nu", "Da", "NK"
 

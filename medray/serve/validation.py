@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from medray.serve_config import AppConfig, _looks_local
+from medray.serve.config import AppConfig, _looks_local
 
 MERGE_HINT = ("merge it into its base with `medray export RUN_DIR --merge` and serve the "
               "merged folder as a model (`models: {NAME: RUN_DIR/merged}`)")

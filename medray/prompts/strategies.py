@@ -8,7 +8,7 @@
   chunks that fit the context budget, and put them back in document order (the paper's
   stated future work).
 
-Prompt assembly itself lives in `medray.tokenization.build_prompt_ids` (shared with training);
+Prompt assembly itself lives in `medray.prompts.tokens.build_prompt_ids` (shared with training);
 this module only decides WHICH context tokens go in. Model calls go through a
 `generate(list_of_prompt_ids) -> list[Generation]` callable, so the same code runs inside
 the Serve ingress and in the offline evaluators.
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from medray.engines.base import Generation
-from medray.prompts import PromptSpec
+from medray.prompts.spec import PromptSpec
 
 GenerateFn = Callable[[list[list[int]]], list[Generation]]
 
@@ -128,7 +128,7 @@ def bm25_select(
 
 def context_budget(tokenizer: Any, question: str, spec: PromptSpec) -> int:
     """How many epicrisis tokens fit: what build_prompt_ids keeps of an over-long context."""
-    from medray.tokenization import question_room
+    from medray.prompts.tokens import question_room
 
     return max(question_room(tokenizer, question, spec), 0)
 
@@ -145,7 +145,7 @@ def plan_strategy(tokenizer: Any, question: str, context: str, spec: PromptSpec,
                   context_ids: Sequence[int] | None = None) -> Plan:
     """Build the prompt(s) for one question over one epicrisis with spec.strategy
     (`context_ids`: the epicrisis already tokenised, as encode_context does)."""
-    from medray.tokenization import build_prompt_ids, encode_context
+    from medray.prompts.tokens import build_prompt_ids, encode_context
 
     def assemble(context_ids: Sequence[int]) -> list[int]:
         return build_prompt_ids(tokenizer, question, context_ids, spec)
@@ -188,7 +188,7 @@ def run_strategies(generate: GenerateFn, tokenizer: Any,
     """run_strategy for many (question, epicrisis) pairs in ONE engine call, each epicrisis
     tokenised once: a patient's questions then reach the engine together, and with the
     epicrisis first (E+Q+A) its prefix cache computes the shared epicrisis once."""
-    from medray.tokenization import encode_context
+    from medray.prompts.tokens import encode_context
 
     encoded: dict[str, list[int]] = {}
     plans = []

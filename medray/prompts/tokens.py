@@ -5,7 +5,7 @@ example is then assembled from token ids: prompt text before the context + the h
 the context ids + prompt text after it + answer + EOS, trimmed so the whole fits the budget
 N (the paper trims the epicrisis from the end). Labels are the answer tokens and EOS;
 everything else is -100. `build_prompt_ids` is the same trimming for serving. How much
-context fits is `PromptSpec.context_room` (medray.prompts), nowhere else.
+context fits is `PromptSpec.context_room` (medray.prompts.spec), nowhere else.
 
 Token pieces are joined the way the tokenizer itself would split "a b": a probe decides
 whether a piece that follows a space is encoded with a leading space (byte-level BPE:
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from medray.prompts import (
+from medray.prompts.spec import (
     CONTEXT_SLOT,
     TRAIN_STRATEGIES,
     ChatPrompt,

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from medray.prompts import PromptSpec
+from medray.prompts.spec import PromptSpec
 
 # A string that holds text: at least one character that is neither whitespace nor a control
 # character (pydantic's and JSON Schema's `pattern` both search, unanchored).
@@ -137,7 +137,7 @@ def _is(field: str, value: str, default: str | None = None) -> dict[str, Any]:
 def _mcq_rules(schema: dict[str, Any]) -> None:
     """The dataset's protocol, stated in the schema: which datasets need a question id, how
     many shots each allows, a group item's answer (one group letter)."""
-    from medray.datasets import DATASETS
+    from medray.data.registry import DATASETS
 
     rules: list[dict[str, Any]] = []
     for name, spec in DATASETS.items():
@@ -159,7 +159,7 @@ GROUP_LETTERS = ("A", "B", "C", "D", "E")
 
 
 def mcq_models(lim: Limits) -> type[BaseModel]:
-    from medray.datasets import DATASETS
+    from medray.data.registry import DATASETS
 
     option = create_model("Option", __config__=STRICT,
                           label=(Literal[LABELS], ...),  # type: ignore[valid-type]
@@ -180,7 +180,7 @@ def mcq_models(lim: Limits) -> type[BaseModel]:
         __validators__={"distinct": field_validator("options")(_check_distinct)},
         question=(str, text(lim.text_chars)), options=options,
         dataset=(Literal[datasets], Field(DEFAULT_DATASET, description=(  # type: ignore
-            "whose prompt and answer format the item gets (medray.datasets)"))),
+            "whose prompt and answer format the item gets (medray.data.registry)"))),
         shots=(list[shot], Field(default_factory=list, max_length=max(  # type: ignore
             k for spec in DATASETS.values() for k in spec.shots))),
     )
@@ -201,7 +201,7 @@ class MCQBase(BaseModel):
 
     @model_validator(mode="after")
     def _protocol(self) -> MCQBase:
-        from medray.datasets import dataset_spec
+        from medray.data.registry import dataset_spec
 
         spec = dataset_spec(self.dataset)  # type: ignore[attr-defined]
         shots = self.shots  # type: ignore[attr-defined]

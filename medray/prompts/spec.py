@@ -108,7 +108,7 @@ class PromptSpec(BaseModel):
         """Epicrisis tokens that fit: N - max(answer, reserve) - the prompt without context.
 
         `fixed` is the prompt's own length (an int, or anything with `.fixed` such as
-        medray.tokenization.PromptPieces); `answer_tokens` the training target (answer +
+        medray.prompts.tokens.PromptPieces); `answer_tokens` the training target (answer +
         EOS), 0 when serving. Negative when even an empty context does not fit.
         """
         n_fixed = fixed if isinstance(fixed, int) else int(fixed.fixed)
@@ -156,7 +156,7 @@ def moved_prompt_keys(raw: Any, keys: Sequence[str], where: str = "") -> list[st
 
 def write_prompt_spec(folder: str | os.PathLike, spec: PromptSpec) -> Path:
     """Record the prompt a model was trained with, beside its weights (atomic write)."""
-    from medray.fsutil import write_json_atomic
+    from medray.io import write_json_atomic
 
     return write_json_atomic(Path(folder) / PROMPT_FILE, spec.model_dump(mode="json"))
 

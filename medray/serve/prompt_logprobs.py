@@ -11,8 +11,8 @@ from typing import Any
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from medray.serving.errors import APIError
-from medray.serving.relay import Target, sse
+from medray.serve.errors import APIError
+from medray.serve.relay import Target, sse
 
 Stream = Callable[[Target, str, Any], Awaitable[tuple[Any, Any]]]
 

@@ -11,7 +11,7 @@ vLLM has no asyncio in-process client, so `AsyncInprocClient` drives vLLM's sync
 `InprocClient` from one thread: the engine core is only ever touched by that thread (it is
 not thread-safe), and model steps run there while the replica's event loop keeps relaying
 requests. The switch is the SERVE_INPROC_ENV variable of the replica's runtime env
-(medray.serving.llm sets it on CPU); "0" keeps vLLM's multiprocess engine.
+(medray.serve.llm sets it on CPU); "0" keeps vLLM's multiprocess engine.
 """
 
 from __future__ import annotations

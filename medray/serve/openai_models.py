@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, create_model, model_validator
 
-from medray.serving.schemas import STRICT, Limits, ints, mcq_models, qa_model
+from medray.serve.schemas import STRICT, Limits, ints, mcq_models, qa_model
 
 INT64 = 2**63 - 1
 MAX_STOPS = 16
@@ -122,7 +122,7 @@ class CompletionBase(OpenAIBase):
         return self
 
 
-# With LoRA served, a prompt-log-prob sequence runs alone in the engine (medray/serving/llm.py):
+# With LoRA served, a prompt-log-prob sequence runs alone in the engine (medray/serve/llm.py):
 # one request per prompt, so one choice per prompt and no stream of several prompts.
 PROMPT_LOGPROBS = {"anyOf": [
     {"properties": {"echo": {"const": True}, "logprobs": {"type": "integer"}},

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from medray.config import ConfigError
-from medray.fsutil import atomic_file
+from medray.io import atomic_file
 
 SPACE_FILE = "space.yaml"
 SWEEP_DIR = "sweep"

@@ -14,7 +14,7 @@ from ray.llm._internal.common.callbacks.base import CallbackBase
 from ray.serve.llm import LLMServer
 
 from medray.engines.vllm import cpu_dtype, serve_cpu_env
-from medray.serve_config import AppConfig
+from medray.serve.config import AppConfig
 
 
 class LocalModelCallback(CallbackBase):
@@ -118,13 +118,13 @@ class GatedLLMServer(LLMServer):
         self._gate = ExclusiveGate() if self._llm_config.lora_config is not None else None
 
     def _get_default_engine_class(self) -> type:
-        """VLLMEngine with the in-process engine core on CPU (medray.serving.inproc); Ray's
+        """VLLMEngine with the in-process engine core on CPU (medray.serve.inproc); Ray's
         RAYLLM_VLLM_ENGINE_CLS override still wins. Imported here: vLLM only in replicas."""
         from ray.llm._internal.serve.constants import RAYLLM_VLLM_ENGINE_CLS_ENV
 
         if os.environ.get(RAYLLM_VLLM_ENGINE_CLS_ENV):
             return super()._get_default_engine_class()
-        from medray.serving.inproc import InprocVLLMEngine
+        from medray.serve.inproc import InprocVLLMEngine
 
         return InprocVLLMEngine
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from medray.datasets import NAMES as DATASET_NAMES
+from medray.data.registry import NAMES as DATASET_NAMES
 
 
 class MetricMode(StrEnum):
@@ -44,7 +44,7 @@ class OptMode(StrEnum):
     min = "min"
 
 
-# The benchmarks of medray.datasets: a new DatasetSpec is a new choice.
+# The benchmarks of medray.data.registry: a new DatasetSpec is a new choice.
 Dataset = StrEnum("Dataset", {name: name for name in DATASET_NAMES})
 
 

@@ -3,7 +3,7 @@
 RoBiology (``train.json``, ``validation.json``, ``test.json``): single choice (4 options at
 the olympiad, 5 at admission), group choice (4 statements, key by the group code table) and
 multiple choice (5 options, key = sorted letters). Keys are derived from statements marked
-true/false in ``synth_mcq_text.BIO``, so they are always consistent; each kind has a few
+true/false in ``mcq_text.BIO``, so they are always consistent; each kind has a few
 question stems. Single-choice keys lean towards 'A' (40%). A few duplicate groups (shared
 ``dupe_id``) stay inside one split.
 
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from medray.data import synth_mcq_text as T
 from medray.data.schema import GROUP_CODES, LETTERS
-from medray.data.synth_medqaro import check_scale
-from medray.fsutil import atomic_directory
+from medray.data.synth import mcq_text as T
+from medray.data.synth.medqaro import check_scale
+from medray.io import atomic_directory
 
 ROBIO_FILES = {"train": "train.json", "validation": "validation.json", "test": "test.json"}
 ROBIO_SIZES = {"small": {"train": 90, "validation": 24, "test": 24},

@@ -30,16 +30,16 @@ from ray import serve
 from ray.serve.handle import DeploymentHandle
 
 from medray.engines.base import Generation
-from medray.prompts import PromptSpec
-from medray.serve_config import AppConfig
-from medray.serving.errors import APIError, context_error, from_validation, install_error_handlers
-from medray.serving.limits import chars_per_token, check_chars, check_openai_window, read_json
-from medray.serving.llm import wants_prompt_logprobs
-from medray.serving.openai_models import request_models
-from medray.serving.openapi import document
-from medray.serving.prompt_logprobs import last_response, one_prompt_at_a_time
-from medray.serving.relay import Target, engine_error, generations, relayed_error, sse
-from medray.serving.schemas import (
+from medray.prompts.spec import PromptSpec
+from medray.serve.config import AppConfig
+from medray.serve.errors import APIError, context_error, from_validation, install_error_handlers
+from medray.serve.limits import chars_per_token, check_chars, check_openai_window, read_json
+from medray.serve.llm import wants_prompt_logprobs
+from medray.serve.openai_models import request_models
+from medray.serve.openapi import document
+from medray.serve.prompt_logprobs import last_response, one_prompt_at_a_time
+from medray.serve.relay import Target, engine_error, generations, relayed_error, sse
+from medray.serve.schemas import (
     Health,
     Limits,
     MCQBase,
@@ -100,7 +100,7 @@ class QAIngress:
 
     def _prompt_of(self, name: str) -> PromptSpec:
         """How served `name` is prompted: as trained (its folder's prompt.json) unless the
-        config overrides it (medray.serve_config.AppConfig.prompt_for)."""
+        config overrides it (medray.serve.config.AppConfig.prompt_for)."""
         if name not in self._prompts:
             self._prompts[name] = self.cfg.prompt_for(name)
         return self._prompts[name]
@@ -272,8 +272,8 @@ class QAIngress:
 
     @route.post("/v1/qa", response_model=QAResponse, body="QARequest")
     async def qa(self, request: Request) -> QAResponse:
-        from medray.strategies import finish_strategy, plan_strategy
-        from medray.tokenization import BudgetError
+        from medray.prompts.strategies import finish_strategy, plan_strategy
+        from medray.prompts.tokens import BudgetError
 
         # Sizes, context_tokens (at most max_model_len) and text: checked by the model.
         body: Any = await self._body(request, "QARequest")
@@ -375,11 +375,11 @@ class QAIngress:
 
 
 def build_app(args: AppConfig | dict[str, Any]) -> Any:
-    """Serve application builder (`import_path: medray.serve_app:build_app`).
+    """Serve application builder (`import_path: medray.serve.app:build_app`).
 
     Every model and adapter is checked here, before any replica starts."""
-    from medray.serving.llm import build_llms
-    from medray.serving.validation import check_servable
+    from medray.serve.llm import build_llms
+    from medray.serve.validation import check_servable
 
     raw = args if isinstance(args, AppConfig) else AppConfig.model_validate(args)
     cfg = raw.resolved()
