@@ -23,7 +23,8 @@ def _training_prompts(tiny_model, data, examples, spec) -> dict[str, list[int]]:
     tokeniser + example assembler), the labels' -100 span being the prompt."""
     import pandas as pd
 
-    from medray.prompts.tokens import IGNORE_INDEX, ContextTokenizer, ExampleAssembler
+    from medray.prompts.tokens import IGNORE_INDEX
+    from medray.train.data import ContextTokenizer, ExampleAssembler
 
     wanted = data.contexts[data.contexts["context_id"].isin(set(examples["context_id"]))]
     tokenised = ContextTokenizer(str(tiny_model))(wanted[["context_id", "text"]])

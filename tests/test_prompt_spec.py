@@ -81,12 +81,12 @@ def test_room_is_what_the_token_assembly_keeps(tok):
 def test_chat_template_is_applied_in_one_place(tok):
     import copy
 
-    from medray.prompts.spec import ChatPrompt
+    from medray.prompts.text import ChatPrompt, prompt_text
     from medray.prompts.tokens import build_prompt_ids, encode_context
 
     chat = ChatPrompt(system="S", user="U")
-    assert PromptSpec().chat_text(tok, chat) == chat.text  # the papers used none
-    templated = PromptSpec(chat_template=True).chat_text(tok, chat)
+    assert prompt_text(chat, tok, PromptSpec()) == chat.text  # the papers used none
+    templated = prompt_text(chat, tok, PromptSpec(chat_template=True))
     assert templated == tok.apply_chat_template(chat.messages(), tokenize=False,
                                                 add_generation_prompt=True)
     # MedQARo prompts too: the template wraps question + epicrisis, trimmed as usual. The
@@ -222,7 +222,8 @@ def test_serving_builds_the_training_prompt_token_for_token(tok, tiny_model, med
 
     from medray.data.prepared import load_prepared
     from medray.prompts.strategies import plan_strategy
-    from medray.prompts.tokens import IGNORE_INDEX, ContextTokenizer, ExampleAssembler
+    from medray.prompts.tokens import IGNORE_INDEX
+    from medray.train.data import ContextTokenizer, ExampleAssembler
 
     data = load_prepared(medqaro_prepared)
     examples = data.split("test").head(6)

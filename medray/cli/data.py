@@ -167,7 +167,7 @@ def prompt(
     from pydantic import ValidationError
 
     from medray.data.prepared import load_prepared
-    from medray.data.render import render_example
+    from medray.prompts.render import needs_tokenizer, render_example
     from medray.prompts.spec import PromptSpec
 
     try:
@@ -177,8 +177,13 @@ def prompt(
             fields["context_tokens"] = context_tokens
         spec = PromptSpec(**fields)
         data = load_prepared(directory)
-        text = render_example(data, id, spec, trim=context_tokens is not None,
-                              tokenizer=tokenizer, seed=seed)
+        trim = context_tokens is not None
+        tok = None
+        if tokenizer is not None and needs_tokenizer(data, spec, trim=trim):
+            from medray.models import load_tokenizer
+
+            tok = load_tokenizer(tokenizer)
+        text = render_example(data, id, spec, trim=trim, tokenizer=tok, seed=seed)
     except ValidationError as err:
         first = err.errors()[0]
         fail(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}")

@@ -58,12 +58,12 @@ DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in (
         name="medqaro", kind="generative", clinical=True,
         loader="medray.data.loaders:load_medqaro",
         synthetic="medray.data.synth.medqaro:write_medqaro",
-        prompt="medray.prompts.spec:medqaro_prompt"),  # budget: the PromptSpec's
+        prompt="medray.prompts.text:medqaro_prompt"),  # budget: the PromptSpec's
     DatasetSpec(
         name="robiology", kind="mcq", clinical=False,
         loader="medray.data.loaders:load_robiology",
         synthetic="medray.data.synth.mcq:write_robiology",
-        prompt="medray.prompts.spec:robiology_item_prompt",
+        prompt="medray.prompts.text:robiology_item_prompt",
         max_new_tokens={"single": 5, "group": 5, "multiple": 10, "group_as_multiple": 10},
         # 90 small items teach the tiny model only the answer format; 11,347 teach content.
         shots=(0, 1, 3, 5), synthetic_scale="paper"),
@@ -71,7 +71,7 @@ DATASETS: dict[str, DatasetSpec] = {spec.name: spec for spec in (
         name="europemedqa", kind="mcq", clinical=False,
         loader="medray.data.loaders:load_europemedqa",
         synthetic="medray.data.synth.mcq:write_europemedqa",
-        prompt="medray.prompts.spec:europemedqa_item_prompt",
+        prompt="medray.prompts.text:europemedqa_item_prompt",
         # Answers carry the question id ("IT0001: A"); multi-answer ones list letters.
         max_new_tokens={"single": 12, "multiple": 20}, id_prefix=True),
 )}

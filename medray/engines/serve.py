@@ -106,7 +106,7 @@ class ServeEngine:
             max_new_tokens: int | None = None) -> dict[str, Any]:
         """One prepared multiple-choice item through /v1/mcq (its dataset's prompt)."""
         from medray.data.registry import dataset_spec
-        from medray.eval.mcq import question_id
+        from medray.prompts.text import question_id
 
         payload: dict[str, Any] = {
             "question": item["question"], "kind": item["kind"], "dataset": item["dataset"],

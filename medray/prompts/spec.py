@@ -1,16 +1,14 @@
-"""Every prompt format, in one place: training, serving and evaluation all render here.
+"""How a model is prompted (`PromptSpec`): training writes it beside the adapter, serving
+and evaluation read it back, so a fine-tuned model is asked exactly as it was trained.
 
-MedQARo strings are the reference code's, character for character (docs/benchmarks.md).
-RoBiology prompts are the paper's Appendix B (user prompt per kind; few-shot examples go
-in the system prompt). The EuropeMedQA prompt is the protocol's strict system/user pair.
+The defaults, the context room and the rule for how many new tokens a request decodes are
+decided here and nowhere else; the prompt texts themselves are in medray.prompts.text.
 """
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,44 +23,6 @@ from pydantic import (
 
 MedqaroFormat = Literal["qea", "eqa"]
 MEDQARO_FORMATS: tuple[str, ...] = ("qea", "eqa")
-CONTEXT_SLOT = "{context}"
-
-# ---------------------------------------------------------------- MedQARo (generative)
-
-_MEDQARO_TEMPLATES = {
-    # Question + Epicrisis + Answer: the paper's best and the reference code's format.
-    "qea": "Intrebare: {question} Context: {context} Raspuns:",
-    # Epicrisis first: the paper's alternative; shares the epicrisis as a prefix across
-    # all questions of a patient, which is what prefix caching exploits.
-    "eqa": "Context: {context} Intrebare: {question} Raspuns:",
-}
-
-
-def _check_format(fmt: str) -> None:
-    if fmt not in _MEDQARO_TEMPLATES:
-        raise ValueError(f"unknown prompt format {fmt!r}; expected one of {MEDQARO_FORMATS}")
-
-
-def medqaro_prompt(question: str, context: str, fmt: str = "qea") -> str:
-    """The reference prompt: f"Intrebare: {q} Context: {trimmed_epicrisis} Raspuns:"."""
-    _check_format(fmt)
-    return _MEDQARO_TEMPLATES[fmt].format(question=question, context=context)
-
-
-def medqaro_prompt_parts(question: str, fmt: str = "qea") -> tuple[str, str]:
-    """(text before the epicrisis, text after it) for token-level assembly and trimming."""
-    _check_format(fmt)
-    template = _MEDQARO_TEMPLATES[fmt].format(question=question, context=CONTEXT_SLOT)
-    before, after = template.split(CONTEXT_SLOT)
-    return before, after
-
-
-def medqaro_target(prompt: str, answer: str) -> str:
-    """The reference training target: prompt + " " + answer."""
-    return f"{prompt} {answer}"
-
-
-# ------------------------------------------------------------------- the prompt contract
 
 SHOTS = (0, 1, 3, 5)
 TRAIN_STRATEGIES = ("trim", "chunks")  # retrieve is an inference-time strategy
@@ -114,13 +74,11 @@ class PromptSpec(BaseModel):
         n_fixed = fixed if isinstance(fixed, int) else int(fixed.fixed)
         return self.context_tokens - max(answer_tokens, self.answer_reserve) - n_fixed
 
-    def chat_text(self, tokenizer: Any, chat: ChatPrompt) -> str:
-        """The one place a chat template is applied: only with `chat_template` on (and a
-        tokenizer that has one); otherwise the flattened system + user text."""
-        if self.chat_template and getattr(tokenizer, "chat_template", None):
-            return tokenizer.apply_chat_template(chat.messages(), tokenize=False,
-                                                 add_generation_prompt=True)
-        return chat.text
+    def new_tokens(self, configured: int | None = None, protocol: int | None = None) -> int:
+        """How many new tokens a request decodes: the budget the caller configured, else
+        the protocol's for the item (multiple choice: its dataset and kind), else
+        `max_new_tokens`."""
+        return configured or protocol or self.max_new_tokens
 
     def differences(self, other: PromptSpec) -> dict[str, tuple[Any, Any]]:
         """{field: (mine, other's)} for every field that differs."""
@@ -198,153 +156,3 @@ def resolve_prompt(from_model: PromptSpec | None, override: PromptSpec | None, *
             else:
                 warn(message)
     return resolved
-
-
-# ------------------------------------------------------- multiple choice (RoBiology)
-
-_ROBIOLOGY_USER = {
-    "single": (
-        "{question}\n\n"
-        "You received a biology question in Romanian with multiple options. The biology "
-        "question is collected from either national high school olympiads or admission "
-        "exams for medical universities. Only one answer is correct.\n\n"
-        "You will output only the letter of the right answer. Do not give any explanations."
-        "\n\nThe letter of the right answer is:"
-    ),
-    "group": (
-        "{question}\n\n"
-        "You received a biology question in Romanian with multiple numbered options. The "
-        "question is from national high school olympiads or medical university admission "
-        "exams.\n\n"
-        "To answer:\n"
-        "1. Identify correct options.\n"
-        "2. If only option 4 is correct, the answer must be D.\n"
-        "3. If only options 1,3 are correct, the answer must be B.\n"
-        "4. If only options 2,4 are correct, the answer must be C.\n"
-        "5. If only options 1,2,3 are correct, the answer must be A.\n"
-        "6. If all options are correct, the answer must be E.\n\n"
-        "Do not give any explanations.\n\n"
-        "The right answer is:"
-    ),
-    "multiple": (
-        "{question}\n\n"
-        "You received a biology question in Romanian with multiple options. The question "
-        "is from national high school olympiads or medical university admission exams. One "
-        "or multiple answers are correct.\n\n"
-        "You will output the letter(s) of all the correct answers. Do not give any "
-        "explanations.\n\n"
-        "The letters of the right answers, as compact as possible, are:"
-    ),
-}
-
-_ROBIOLOGY_SYSTEM_HEAD = {
-    "single": "Here are some examples of biology questions in Romanian with multiple options "
-    "and the correct format for answering them:",
-    "group": "Here are some examples of biology questions in Romanian with multiple numbered "
-    "options and the correct format for answering them:",
-    "multiple": "Here are some examples of biology questions in Romanian with multiple "
-    "options and the correct format for answering them:",
-}
-
-
-
-@dataclass(frozen=True)
-class ChatPrompt:
-    """A system + user pair; `text` flattens it for engines without chat roles."""
-
-    system: str | None
-    user: str
-
-    @property
-    def text(self) -> str:
-        return f"{self.system}\n\n{self.user}" if self.system else self.user
-
-    def messages(self) -> list[dict[str, str]]:
-        head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + [{"role": "user", "content": self.user}]
-
-
-def format_question_text(question: str, options: Sequence[Mapping[str, str]]) -> str:
-    """%question-text%: the question, then one line per option ("A. ..." or "1. ...")."""
-    lines = [question] + [f"{o['label']}. {o['text']}" for o in options]
-    return "\n".join(lines)
-
-
-def _shot_block(shot: Mapping[str, Any], kind: str) -> str:
-    body = format_question_text(f"# Question: {shot['question']}", shot["options"])
-    answer = "".join(shot["answer"])
-    if kind == "group":
-        from medray.data.schema import GROUP_CODES
-
-        true = sorted(GROUP_CODES[answer])
-        false = [n for n in (1, 2, 3, 4) if n not in true]
-        verb = "is" if len(true) == 1 else "are"
-        explanation = f"{','.join(map(str, true))} {verb} correct"
-        if false:
-            explanation += f"; {','.join(map(str, false))} {'is' if len(false) == 1 else 'are'} not"
-        body += f"\n# Explanation: {explanation}"
-    return f"{body}\n# Answer: {answer}"
-
-
-def robiology_prompt(
-    question: str,
-    options: Sequence[Mapping[str, str]],
-    kind: str,
-    shots: Sequence[Mapping[str, Any]] = (),
-) -> ChatPrompt:
-    """Appendix B: the user prompt per kind; k-shot examples (k in 0/1/3/5) in the system."""
-    if kind not in _ROBIOLOGY_USER:
-        raise ValueError(f"unknown question kind {kind!r}; expected single|group|multiple")
-    if len(shots) not in SHOTS:
-        raise ValueError(f"{len(shots)} shots given; the paper uses {SHOTS}")
-    user = _ROBIOLOGY_USER[kind].format(question=format_question_text(question, options))
-    system = None
-    if shots:
-        blocks = "\n—\n".join(_shot_block(s, kind) for s in shots)
-        system = f"{_ROBIOLOGY_SYSTEM_HEAD[kind]}\n\n{blocks}"
-    return ChatPrompt(system=system, user=user)
-
-
-# ------------------------------------------------------ multiple choice (EuropeMedQA)
-
-EUROPEMEDQA_SYSTEM_SINGLE = (
-    "You are answering a medical examination question. Exactly one option is correct. "
-    "Reply with the question ID and the letter of the correct option only, in the form "
-    "'<QuestionID>: <letter>'. No explanations, no other text."
-)
-EUROPEMEDQA_SYSTEM_MULTI = (
-    "You are answering a medical examination question. One or more options may be "
-    "correct. Reply with the question ID and the letters of ALL correct options only, in "
-    "the form '<QuestionID>: <letters>' (for example 'FR0001: A,C'). No explanations, no "
-    "other text."
-)
-
-
-def europemedqa_prompt(
-    question_id: str, question: str, options: Sequence[Mapping[str, str]], multi: bool = False
-) -> ChatPrompt:
-    """The protocol's strict prompt: question id, question text, options A-E, answer only."""
-    user = f"QuestionID: {question_id}\n{format_question_text(question, options)}"
-    system = EUROPEMEDQA_SYSTEM_MULTI if multi else EUROPEMEDQA_SYSTEM_SINGLE
-    return ChatPrompt(system=system, user=user)
-
-
-def europemedqa_item_prompt(example: Mapping[str, Any],
-                            shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
-    """A prepared EuropeMedQA item. The multi-answer variant is chosen by the item's kind
-    (France's subset is "multiple"), never by its key, so the prompt does not leak how many
-    options are correct."""
-    if shots:
-        raise ValueError("the EuropeMedQA protocol uses no in-context examples")
-    meta = example.get("meta") or {}
-    if isinstance(meta, str):
-        meta = json.loads(meta)
-    question_id = meta.get("original_id") or str(example["id"])
-    return europemedqa_prompt(question_id, example["question"], list(example["options"]),
-                              multi=example["kind"] == "multiple")
-
-
-def robiology_item_prompt(example: Mapping[str, Any],
-                          shots: Sequence[Mapping[str, Any]] = ()) -> ChatPrompt:
-    """A prepared RoBiology item (Appendix B prompt of its kind)."""
-    return robiology_prompt(example["question"], list(example["options"]), example["kind"], shots)

@@ -18,12 +18,27 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from medray.engines.base import Generation
 from medray.prompts.spec import PromptSpec
+from medray.prompts.tokens import build_prompt_ids, encode_context, question_room
 
-GenerateFn = Callable[[list[list[int]]], list[Generation]]
+
+class Generation(Protocol):
+    """What a strategy reads of one model answer (medray.engines.base.Generation has it;
+    prompts sit below the engines, so the shape is stated here)."""
+
+    text: str
+    raw: str | None
+
+    @property
+    def n_tokens(self) -> int: ...
+
+    @property
+    def mean_logprob(self) -> float | None: ...
+
+
+GenerateFn = Callable[[list[list[int]]], Sequence[Generation]]
 
 
 @dataclass
@@ -128,8 +143,6 @@ def bm25_select(
 
 def context_budget(tokenizer: Any, question: str, spec: PromptSpec) -> int:
     """How many epicrisis tokens fit: what build_prompt_ids keeps of an over-long context."""
-    from medray.prompts.tokens import question_room
-
     return max(question_room(tokenizer, question, spec), 0)
 
 
@@ -145,8 +158,6 @@ def plan_strategy(tokenizer: Any, question: str, context: str, spec: PromptSpec,
                   context_ids: Sequence[int] | None = None) -> Plan:
     """Build the prompt(s) for one question over one epicrisis with spec.strategy
     (`context_ids`: the epicrisis already tokenised, as encode_context does)."""
-    from medray.prompts.tokens import build_prompt_ids, encode_context
-
     def assemble(context_ids: Sequence[int]) -> list[int]:
         return build_prompt_ids(tokenizer, question, context_ids, spec)
 
@@ -188,8 +199,6 @@ def run_strategies(generate: GenerateFn, tokenizer: Any,
     """run_strategy for many (question, epicrisis) pairs in ONE engine call, each epicrisis
     tokenised once: a patient's questions then reach the engine together, and with the
     epicrisis first (E+Q+A) its prefix cache computes the shared epicrisis once."""
-    from medray.prompts.tokens import encode_context
-
     encoded: dict[str, list[int]] = {}
     plans = []
     for question, context in items:

@@ -306,7 +306,8 @@ class QAIngress:
 
     @route.post("/v1/mcq", response_model=MCQResponse, body="MCQRequest")
     async def mcq(self, request: Request) -> MCQResponse:
-        from medray.eval import mcq
+        from medray.eval.mcq import read_answer
+        from medray.prompts.text import prompt_text, protocol_budget, render
 
         body: Any = await self._body(request, "MCQRequest")
         assert isinstance(body, MCQBase)
@@ -318,18 +319,19 @@ class QAIngress:
                     chars_per_token(tokenizer), "options")
         item = body.item()
         try:  # the item's dataset prompt, exactly as the eval runner renders it
-            prompt = mcq.render(item, body.shot_set())
+            prompt = render(item, body.shot_set())
         except (ValueError, KeyError) as err:  # e.g. shots for a protocol without them,
             # or a group shot whose answer is no group letter
             raise APIError(422, "invalid_request", f"shots: {err}", "shots") from None
-        text = mcq.prompt_text(prompt, tokenizer, self._prompt(target))
+        spec = self._prompt(target)
+        text = prompt_text(prompt, tokenizer, spec)
         ids = tokenizer.encode(text, add_special_tokens=False)
-        budget = body.max_new_tokens or mcq.max_new_tokens(item)
+        budget = spec.new_tokens(body.max_new_tokens, protocol_budget(item))
         if len(ids) + budget > self.cfg.max_model_len:
             raise context_error(self.cfg.max_model_len, len(ids), "options",
                                 "the rendered item", budget)
         gen = (await self.generate_ids(target, [ids], budget))[0]
-        _, labels, conforming = mcq.read_answer(gen.text, item)
+        _, labels, conforming = read_answer(gen.text, item)
         self.counts["mcq"] += 1
         return MCQResponse(answer=list(labels), conforming=conforming, raw=gen.text,
                            prompt_tokens=len(ids))

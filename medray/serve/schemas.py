@@ -187,7 +187,7 @@ def mcq_models(lim: Limits) -> type[BaseModel]:
 
 
 class MCQBase(BaseModel):
-    """One multiple-choice item, asked with its dataset's prompt (medray/eval/mcq.py)."""
+    """One multiple-choice item, asked with its dataset's prompt (medray/prompts/text.py)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, json_schema_extra=_mcq_rules)
     kind: Literal["single", "group", "multiple"] = "single"
@@ -216,7 +216,7 @@ class MCQBase(BaseModel):
         return self
 
     def item(self) -> dict:
-        """The request as a prepared item (the shape medray/eval/mcq.py renders)."""
+        """The request as a prepared item (the shape medray/prompts/text.py renders)."""
         d: Any = self
         return {"id": self.question_id or "item", "dataset": d.dataset, "kind": self.kind,
                 "question": d.question, "options": [o.model_dump() for o in d.options],

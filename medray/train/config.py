@@ -58,7 +58,7 @@ class DataConfig(_Strict):
     val_generate_examples: int = Field(32, ge=0)
     shuffle_buffer: int = Field(256, ge=0)
     # Ray Data actor pool size, used when there is too much text to tokenise in-process
-    # (medray.prompts.tokens.tokenize_contexts says when).
+    # (medray.train.data.tokenize_contexts says when).
     tokenize_actors: int = Field(2, ge=1)
 
 

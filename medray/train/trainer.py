@@ -212,7 +212,7 @@ def _datasets(cfg: TrainConfig, plan: RunPlan, contexts: dict,
     import ray
 
     from medray.data.prepared import load_prepared
-    from medray.prompts.tokens import ExampleAssembler, examples_dataset
+    from medray.train.data import ExampleAssembler, examples_dataset
 
     train = examples_dataset(cfg.data.path, cfg.data.train_split, cfg.model.name_or_path,
                              contexts_ref, cfg.prompt, ids=plan.train_ids)
@@ -275,8 +275,8 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     import ray
 
     from medray.cluster import check_shared_storage, require_connected
-    from medray.prompts.tokens import tokenize_contexts
     from medray.train.checkpoints import export_adapter, load_state
+    from medray.train.data import tokenize_contexts
     from medray.train.progress import TrainingBoard
 
     output = Path(output)

@@ -1,8 +1,9 @@
 """Render one prepared example's prompt (what `medray data prompt` prints).
 
-MedQARo prompts are built by the training/serving code itself (medray.prompts.tokens with the
-PromptSpec, so the answer reserve is the spec's); multiple-choice prompts use the seeded
-shot picker the evaluation uses.
+MedQARo prompts are built by the training/serving code itself (medray.prompts.tokens with
+the PromptSpec, so the answer reserve is the spec's); multiple-choice prompts use the
+seeded shot picker the evaluation uses. The caller loads the tokenizer (models sit above
+prompts), and only when `needs_tokenizer` says the rendering reads it.
 """
 
 from __future__ import annotations
@@ -10,7 +11,16 @@ from __future__ import annotations
 from typing import Any
 
 from medray.data.prepared import PreparedData
-from medray.prompts.spec import PromptSpec, medqaro_prompt, medqaro_prompt_parts
+from medray.prompts.spec import PromptSpec
+from medray.prompts.text import (
+    example_dict,
+    medqaro_prompt,
+    medqaro_prompt_parts,
+    prompt_text,
+    render,
+    shot_sets,
+)
+from medray.prompts.tokens import build_prompt_ids, encode_context
 
 
 def _row(data: PreparedData, example_id: str) -> dict[str, Any]:
@@ -32,10 +42,16 @@ def trim_context_words(question: str, context: str, spec: PromptSpec) -> str:
     return " ".join(context.split()[:room])
 
 
+def needs_tokenizer(data: PreparedData, spec: PromptSpec, *, trim: bool = True) -> bool:
+    """Whether rendering reads a tokenizer: MedQARo trimming counts tokens, and a
+    multiple-choice item reads the chat template only with `chat_template` on."""
+    return trim if data.kind == "generative" else spec.chat_template
+
+
 def render_example(data: PreparedData, example_id: str, spec: PromptSpec | None = None, *,
-                   trim: bool = True, tokenizer: str | None = None, seed: int = 0) -> str:
+                   trim: bool = True, tokenizer: Any = None, seed: int = 0) -> str:
     """The prompt of one example (`spec` None: the defaults). `trim` False: the MedQARo
-    epicrisis in full."""
+    epicrisis in full; `tokenizer` None: whitespace words stand in for tokens."""
     spec = spec or PromptSpec()
     row = _row(data, example_id)
     if data.kind == "generative":
@@ -46,19 +62,12 @@ def render_example(data: PreparedData, example_id: str, spec: PromptSpec | None 
             return medqaro_prompt(row["question"],
                                   trim_context_words(row["question"], context, spec),
                                   spec.format)
-        from medray.models import load_tokenizer
-        from medray.prompts.tokens import build_prompt_ids, encode_context
-
-        tok = load_tokenizer(tokenizer)
-        ids = build_prompt_ids(tok, row["question"], encode_context(tok, context), spec)
-        return tok.decode(ids, skip_special_tokens=not spec.chat_template)
-    from medray.eval import mcq
-
-    ex = mcq.example_dict(row)
-    chat = mcq.render(ex, mcq.shot_sets(data.examples, [ex["kind"]], spec.shots, seed))
+        ids = build_prompt_ids(tokenizer, row["question"], encode_context(tokenizer, context),
+                               spec)
+        return tokenizer.decode(ids, skip_special_tokens=not spec.chat_template)
+    ex = example_dict(row)
+    chat = render(ex, shot_sets(data.examples, [ex["kind"]], spec.shots, seed))
     if spec.chat_template and tokenizer is not None:
-        from medray.models import load_tokenizer
-
-        return mcq.prompt_text(chat, load_tokenizer(tokenizer), spec)
+        return prompt_text(chat, tokenizer, spec)
     parts = [f"[system]\n{chat.system}"] if chat.system else []
     return "\n\n".join(parts + [f"[user]\n{chat.user}"])
