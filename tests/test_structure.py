@@ -1,4 +1,5 @@
-"""Structure of the package: no import cycles, small modules (pure AST reads, no imports)."""
+"""Structure of the package: layers, no import cycles, small modules (pure AST reads, no
+imports)."""
 
 from __future__ import annotations
 
@@ -92,6 +93,68 @@ def test_graph_sees_deferred_imports():
 def test_no_import_cycle_in_medray():
     cycle = find_cycle(import_graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
+
+
+# The package's layers, bottom first: a room imports only rooms on its own level or below
+# (docs/architecture.md draws the same order). Rooms are the top-level packages and the
+# base modules; `medray.serve_app` is the Serve app's old import path, kept for users'
+# Serve YAML files, and `medray.__main__` is `python -m medray`.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("medray", "config", "io", "text", "cluster", "console"),
+    ("data",),
+    ("prompts",),
+    ("models",),
+    ("engines",),
+    ("train", "eval", "serve", "serve_app"),
+    ("tune", "demo"),
+    ("cli", "__main__"),
+)
+LEVEL = {room: level for level, rooms in enumerate(LAYERS) for room in rooms}
+
+
+def room(module: str) -> str:
+    """The room a module lives in: `medray.eval.metrics.mcq` -> `eval`, `medray` -> `medray`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        rooms.setdefault(room(module), set()).update(
+            room(t) for t in targets if room(t) != room(module))
+    return rooms
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """"a -> b" for every import of a module in a higher layer than the importer's."""
+    return sorted(f"{module} -> {target}" for module, targets in graph.items()
+                  for target in targets if LEVEL[room(target)] > LEVEL[room(module)])
+
+
+def test_layer_check_finds_an_upward_import():
+    graph = {"medray.data.render": {"medray.eval.mcq"}, "medray.eval.mcq": {"medray.data.schema"},
+             "medray.data.schema": set()}
+    assert layer_violations(graph) == ["medray.data.render -> medray.eval.mcq"]
+    assert find_cycle(room_graph({"medray.train.a": {"medray.eval.b"},
+                                  "medray.eval.b": {"medray.train.c"}})) is not None
+
+
+def test_every_room_has_a_layer():
+    missing = sorted({room(m) for m in import_graph()} - set(LEVEL))
+    assert not missing, f"rooms without a layer (add them to LAYERS): {missing}"
+
+
+def test_no_room_imports_a_higher_layer():
+    """Deferred (function-level) imports count: they tie the rooms together all the same."""
+    bad = layer_violations(import_graph())
+    assert not bad, "imports of a higher layer:\n" + "\n".join(bad)
+
+
+def test_rooms_form_no_cycle():
+    """Peers on one level (train, eval, serve; tune, demo) may import each other one way."""
+    cycle = find_cycle(room_graph(import_graph()))
+    assert cycle is None, "rooms import each other: " + " -> ".join(cycle)
 
 
 def test_every_module_is_small():

@@ -240,7 +240,7 @@ def test_robiology_format_determinism_and_truth(robiology, tmp_path):
 
 
 def test_robiology_paper_scale_fills_its_splits_with_distinct_items(monkeypatch):
-    from medray.data import synth_mcq
+    from medray.data.synth import mcq as synth_mcq
     from medray.data.synth.mcq import ROBIO_SIZES, robiology_items
 
     splits = robiology_items(0, "paper")  # in memory: ~2 s
