@@ -4,6 +4,7 @@ imports)."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -155,6 +156,23 @@ def test_rooms_form_no_cycle():
     """Peers on one level (train, eval, serve; tune, demo) may import each other one way."""
     cycle = find_cycle(room_graph(import_graph()))
     assert cycle is None, "rooms import each other: " + " -> ".join(cycle)
+
+
+RAY_PRIVATE = re.compile(r"ray\.llm\._internal|ray\._private")
+RAY_ADAPTER = "medray.serve.ray_internal"
+
+
+def test_ray_private_apis_are_used_in_one_module():
+    """Ray's private modules move between releases: one adapter uses them, and it names the
+    Ray version it was checked against, the one pyproject.toml pins."""
+    users = sorted(name for name, path in _modules().items()
+                   if RAY_PRIVATE.search(path.read_text()))
+    assert users == [RAY_ADAPTER], f"Ray's private APIs used outside {RAY_ADAPTER}: {users}"
+    checked = re.search(r'RAY_VERSION_CHECKED = "([^"]+)"', _modules()[RAY_ADAPTER].read_text())
+    pinned = re.search(r'"ray\[[^\]]*\]==([^"]+)"', (ROOT / "pyproject.toml").read_text())
+    assert checked and pinned and checked.group(1) == pinned.group(1), (
+        f"{RAY_ADAPTER} was checked against Ray {checked and checked.group(1)}; "
+        f"pyproject.toml pins {pinned and pinned.group(1)}: re-check it")
 
 
 def test_every_module_is_small():

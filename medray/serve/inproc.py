@@ -26,11 +26,11 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import contextmanager
 from typing import Any
 
-from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
 from vllm.v1.engine.core_client import EngineCoreClient, InprocClient
 
 from medray.engines.vllm import SERVE_ENGINE_THREAD as ENGINE_THREAD
 from medray.engines.vllm import SERVE_INPROC_ENV
+from medray.serve.ray_internal import vllm_engine_class
 
 # Serve's logger: its lines land in the replica's own log, beside the request log.
 log = logging.getLogger("ray.serve")
@@ -148,7 +148,7 @@ def _inproc_core_client() -> Iterator[None]:
         EngineCoreClient.make_async_mp_client = original  # type: ignore[method-assign]
 
 
-class InprocVLLMEngine(VLLMEngine):
+class InprocVLLMEngine(vllm_engine_class()):  # type: ignore[misc]
     """ray.serve.llm's VLLMEngine, with the engine core and model in the replica's process
     when SERVE_INPROC_ENV is "1" (CPU replicas); unchanged otherwise."""
 

@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-from ray.llm._internal.common.callbacks.base import CallbackBase
 from ray.serve.llm import LLMServer
 
 from medray.engines.vllm import cpu_dtype, serve_cpu_env
 from medray.serve.config import AppConfig
+from medray.serve.ray_internal import CallbackBase, disk_multiplex_config, engine_class_overridden
 
 
 class LocalModelCallback(CallbackBase):
@@ -44,14 +43,12 @@ class LocalLoraLoader:
         self._cache: dict[str, Any] = {}
 
     async def load_model_from_config(self, lora_model_id: str, llm_config: Any) -> Any:
-        from ray.llm._internal.serve.core.configs.llm_config import DiskMultiplexConfig
-
         if lora_model_id not in self._cache:
             paths = llm_config.experimental_configs.get("medray_lora_paths", {})
             name = lora_model_id.split(":", 1)[-1]
             if name not in paths:
                 raise ValueError(f"unknown adapter {name!r}")
-            self._cache[lora_model_id] = DiskMultiplexConfig(
+            self._cache[lora_model_id] = disk_multiplex_config(
                 model_id=lora_model_id,
                 max_total_tokens=None,
                 local_path=paths[name],
@@ -120,9 +117,7 @@ class GatedLLMServer(LLMServer):
     def _get_default_engine_class(self) -> type:
         """VLLMEngine with the in-process engine core on CPU (medray.serve.inproc); Ray's
         RAYLLM_VLLM_ENGINE_CLS override still wins. Imported here: vLLM only in replicas."""
-        from ray.llm._internal.serve.constants import RAYLLM_VLLM_ENGINE_CLS_ENV
-
-        if os.environ.get(RAYLLM_VLLM_ENGINE_CLS_ENV):
+        if engine_class_overridden():
             return super()._get_default_engine_class()
         from medray.serve.inproc import InprocVLLMEngine
 

@@ -72,16 +72,16 @@ async def sse(first: Any, gen: Any) -> Any:
     mid-stream becomes an error event (the status line is already sent)."""
     import json
 
-    from ray.llm._internal.serve.core.ingress.utils import _apply_openai_json_format
+    from medray.serve.ray_internal import openai_sse_packet
 
     done = False
     try:
         for item in [first]:
-            packet = _apply_openai_json_format(item)
+            packet = openai_sse_packet(item)
             done |= packet.strip().endswith("data: [DONE]")
             yield packet
         async for item in gen:
-            packet = _apply_openai_json_format(item)
+            packet = openai_sse_packet(item)
             done |= packet.strip().endswith("data: [DONE]")
             yield packet
     except Exception as exc:  # noqa: BLE001
