@@ -275,7 +275,7 @@ class QAIngress:
         from medray.prompts.strategies import finish_strategy, plan_strategy
         from medray.prompts.tokens import BudgetError
 
-        # Sizes, context_tokens (at most max_model_len) and text: checked by the model.
+        # Sizes, context_tokens (at most the context limit) and text: checked by the model.
         body: Any = await self._body(request, "QARequest")
         assert isinstance(body, QABase)
         cfg = self.cfg
@@ -290,7 +290,7 @@ class QAIngress:
         except BudgetError as err:  # the question alone does not fit context_tokens
             raise APIError(400, "invalid_request_error", f"context length: {err}",
                            "context_tokens") from None
-        # context_tokens <= max_model_len (schema), so every planned prompt fits the window;
+        # context_tokens <= the context limit (schema), so every planned prompt fits the window;
         # chunks answers each piece: at most max_batch of them.
         if len(plan.prompts) > cfg.max_batch:
             raise APIError(400, "invalid_request_error", (

@@ -103,16 +103,29 @@ class AppConfig(Strict):
 
     @model_validator(mode="after")
     def _limits(self) -> AppConfig:
-        limit = self.max_context_tokens or self.max_model_len
-        if self.prompt is not None and self.prompt.context_tokens > limit:
-            raise ValueError(f"prompt.context_tokens {self.prompt.context_tokens} > limit "
-                             f"{limit}")
+        problem = self.context_problem(self.prompt) if self.prompt is not None else None
+        if problem:
+            raise ValueError(problem)
         if self.max_context_tokens is None:
             self.max_context_tokens = self.max_model_len
         clash = ({self.model_id} | set(self.adapters)) & set(self.models)
         if clash:
             raise ValueError(f"models {sorted(clash)}: names already used by model_id/adapters")
         return self
+
+    @property
+    def context_limit(self) -> int:
+        """The most tokens one prompt may budget (a prompt's `context_tokens`, and /v1/qa's
+        `context_tokens` field): max_context_tokens, at most max_model_len."""
+        return min(self.max_context_tokens or self.max_model_len, self.max_model_len)
+
+    def context_problem(self, spec: PromptSpec) -> str | None:
+        """Why a prompt cannot be served under the context limit; None when it can. The
+        config, the start-up checks and the request schema all check this one rule."""
+        if spec.context_tokens > self.context_limit:
+            return (f"prompt.context_tokens {spec.context_tokens} > limit {self.context_limit}"
+                    " (max_context_tokens, at most max_model_len)")
+        return None
 
     def resolve(self, path: str) -> str:
         """A configured path made absolute against base_dir (hub ids are left alone)."""

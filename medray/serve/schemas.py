@@ -33,6 +33,7 @@ LABELS: tuple[str, ...] = (*string.ascii_uppercase, *string.ascii_lowercase,
                            *(str(i) for i in range(1, 11)))
 MAX_OPTIONS = 10
 STRICT = ConfigDict(extra="forbid", strict=True)
+MCQ_MAX_NEW_TOKENS = 64  # a protocol's reply is a question id and a few letters
 
 
 def _json_integer(value: Any) -> Any:
@@ -62,11 +63,22 @@ class Limits:
     @classmethod
     def of(cls, cfg: Any, max_token_id: int) -> Limits:
         return cls(text_chars=cfg.max_text_chars, context_chars=cfg.max_context_chars,
-                   context_tokens=min(cfg.max_context_tokens or cfg.max_model_len,
-                                      cfg.max_model_len),
+                   context_tokens=cfg.context_limit,
                    max_model_len=cfg.max_model_len, max_n=cfg.max_n,
                    max_logprobs=cfg.max_logprobs, max_batch=cfg.max_batch,
                    max_token_id=max_token_id, lora=bool(cfg.adapters or cfg.lora_uri))
+
+
+def prompt_field(name: str, high: int | None = None) -> Any:
+    """PromptSpec's field `name` as an optional request field: its type and bounds (an
+    integer's upper bound lowered to `high`, what the deployment serves); None keeps the
+    served model's own value (its prompt spec, see /v1/models)."""
+    info = PromptSpec.model_fields[name]
+    if info.annotation is not int:
+        return info.annotation | None
+    low = next(m.ge for m in info.metadata if hasattr(m, "ge"))
+    bounds = [m.le for m in info.metadata if hasattr(m, "le")] + ([high] if high else [])
+    return ints(low, min(bounds)) | None
 
 
 def text(max_chars: int, **kw: Any) -> Any:
@@ -76,9 +88,10 @@ def text(max_chars: int, **kw: Any) -> Any:
 # ------------------------------------------------------------------ /v1/qa
 class QABase(BaseModel):
     model_config = STRICT
-    prompt_format: Literal["qea", "eqa"] | None = None
-    # None (these): as the model's prompt spec says (as trained; see /v1/models)
-    strategy: Literal["trim", "chunks", "retrieve"] | None = None
+    # PromptSpec's `format`, under the name clients send; None (these): as the model's
+    # prompt spec says (as trained; see /v1/models).
+    prompt_format: prompt_field("format") = None  # type: ignore[valid-type]
+    strategy: prompt_field("strategy") = None  # type: ignore[valid-type]
     # Echo the token ids the LLM received for each prompt (audits; off by default).
     return_prompt_ids: bool = False
     model: str | None = Field(None, max_length=256, description="a name from /v1/models")
@@ -93,10 +106,11 @@ def qa_model(lim: Limits) -> type[BaseModel]:
             "the patient's record; it must hold text (not only whitespace or control "
             "characters). With strategy chunks it may give at most max_batch prompts of "
             "context_tokens each, else a 400"))),
-        context_tokens=(ints(16, lim.context_tokens) | None, Field(None, description=(
+        context_tokens=(prompt_field("context_tokens", lim.context_tokens),
+                        Field(None, description=(
             "token budget of each prompt (max_context_tokens, at most max_model_len); a "
             "question that alone does not fit it is a 400"))),
-        max_new_tokens=(ints(1, min(512, lim.max_model_len)) | None, Field(None)),
+        max_new_tokens=(prompt_field("max_new_tokens", lim.max_model_len), Field(None)),
     )
 
 
@@ -194,7 +208,7 @@ class MCQBase(BaseModel):
     question_id: str | None = Field(
         None, max_length=64, pattern=r"^[A-Za-z0-9_:.-]+$",
         description="EuropeMedQA: the id the prompt shows and the reply must start with")
-    max_new_tokens: ints(1, 64) | None = Field(
+    max_new_tokens: prompt_field("max_new_tokens", MCQ_MAX_NEW_TOKENS) = Field(  # type: ignore[valid-type]
         None, description="default: the dataset's minimal budget for the kind")
     model: str | None = Field(None, max_length=256, description="a name from /v1/models")
     adapter: str | None = Field(None, max_length=256)

@@ -57,16 +57,15 @@ def _prompt_problems(cfg: AppConfig) -> list[str]:
     readable and fit the context limit; a differing override is warned about here, on the
     machine that starts the app."""
     out = []
-    limit = cfg.max_context_tokens or cfg.max_model_len
     for name in cfg.served_folders():
         try:
             spec = cfg.prompt_for(name)
         except ValueError as err:
             out.append(f"{name}: {err}")
             continue
-        if spec.context_tokens > limit:
-            out.append(f"{name}: prompt.context_tokens {spec.context_tokens} > limit {limit} "
-                       "(max_context_tokens, else max_model_len)")
+        problem = cfg.context_problem(spec)
+        if problem:
+            out.append(f"{name}: {problem}")
     return out
 
 
