@@ -9,13 +9,8 @@ from typing import Annotated, Any
 
 import typer
 
+from medray.cli.raystart import start_ray
 from medray.console import command_console, fail
-
-
-def _init_ray(address: str | None, num_cpus: int | None) -> None:
-    from medray.cluster import connect
-
-    connect(address, num_cpus=num_cpus, log_to_driver=False)
 
 
 def _record_placement(app_name: str, logs: Path, display: Any) -> None:
@@ -60,7 +55,7 @@ def serve_cmd(
         serving = False
         try:
             with display.stage("start Ray Serve and the vLLM replicas"):
-                _init_ray(address, num_cpus)
+                start_ray(address, num_cpus=num_cpus, worker_logs=False)
                 _stop_on_sigterm()
                 from ray import serve
 

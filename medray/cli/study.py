@@ -86,7 +86,8 @@ def _resumed(output: Path, budgets: list[int]):
 
 def _run(plan, budgets, eval_only, data_dir, output, display, splits, engine, limit,
          resamples, resume) -> None:
-    from medray.cluster import StorageNotShared, connect
+    from medray.cli.raystart import start_ray
+    from medray.cluster import StorageNotShared
     from medray.tune.outputs import SweepFailed
     from medray.tune.plan import local_cpus
     from medray.tune.study import evaluate_lengths, trained_models, write_tables
@@ -94,7 +95,7 @@ def _run(plan, budgets, eval_only, data_dir, output, display, splits, engine, li
 
     if plan is not None:
         preflight_sweep(plan, display.print)
-        connect(min_cpus=local_cpus(plan))
+        start_ray(min_cpus=local_cpus(plan))
         with display.stage(f"train at {len(budgets)} lengths (Ray Tune grid)"):
             try:
                 run_sweep(plan, resume=resume, log=display.print, preflight=False)
@@ -108,7 +109,7 @@ def _run(plan, budgets, eval_only, data_dir, output, display, splits, engine, li
             fail(f"no finished training run for {missing} tokens (see {plan.output}/trials.csv)",
                  code=1)
     else:
-        connect(min_cpus=2)
+        start_ray(min_cpus=2)
         models = {n: (eval_only, None) for n in budgets}
     with display.stage("evaluate each length"):
         runs = evaluate_lengths(models, data_dir, output, splits=splits, engine=engine,

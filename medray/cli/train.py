@@ -115,7 +115,8 @@ def train(
         cfg = load_config(config, overrides or [])
     except ConfigError as exc:
         fail(str(exc))
-    from medray.cluster import StorageNotShared, connect
+    from medray.cli.raystart import start_ray
+    from medray.cluster import StorageNotShared
     from medray.io import OutputRefused, check_output
     from medray.train.trainer import preflight, run_training
 
@@ -129,7 +130,7 @@ def train(
         try:
             with display.stage("train"):
                 preflight(cfg)  # every cheap check fails here, before Ray starts
-                connect(min_cpus=cfg.scaling.local_cpus())
+                start_ray(min_cpus=cfg.scaling.local_cpus())
                 metrics = run_training(cfg, output, log=display.print, display=display)
         except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError,
                 StorageNotShared) as exc:

@@ -80,7 +80,7 @@ def tune(
 
 def _run(plan: Any, display: Any, *, resume: bool, best_if_partial: bool) -> Any:
     """The sweep under the console: a bar of finished trials (new sweeps), then the summary."""
-    from medray.cluster import connect
+    from medray.cli.raystart import start_ray
     from medray.tune.plan import local_cpus, trial_count
     from medray.tune.progress import TrialProgress
     from medray.tune.sweep import preflight_sweep, run_sweep
@@ -88,7 +88,7 @@ def _run(plan: Any, display: Any, *, resume: bool, best_if_partial: bool) -> Any
     preflight_sweep(plan, display.print)  # fails in seconds, before Ray starts
     # RAY_ADDRESS set (ray job submit, a cluster): join it; otherwise a local cluster with
     # room for every concurrent trial.
-    connect(min_cpus=local_cpus(plan))
+    start_ray(min_cpus=local_cpus(plan))
     with display.stage("sweep"), display.progress() as bars:
         callbacks = [] if resume else [TrialProgress(bars, trial_count(plan), plan.metric,
                                                      plan.mode)]

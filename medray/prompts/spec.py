@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     PlainSerializer,
     ValidationError,
     field_validator,
 )
+
+from medray.config import Strict
 
 MedqaroFormat = Literal["qea", "eqa"]
 MEDQARO_FORMATS: tuple[str, ...] = ("qea", "eqa")
@@ -30,7 +31,7 @@ PROMPT_FILE = "prompt.json"  # beside every exported adapter and merged model
 REFERENCE_MAX_NEW_TOKENS = 10  # the reference code decodes at most 10 new tokens
 
 
-class PromptSpec(BaseModel):
+class PromptSpec(Strict):
     """How a model is prompted: training writes it beside the adapter (`prompt.json`),
     serving and evaluation read it back, so a fine-tuned model is asked exactly as trained.
 
@@ -39,7 +40,7 @@ class PromptSpec(BaseModel):
     (`context_room`).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(frozen=True)  # Strict's rules, and hashable
 
     format: MedqaroFormat = "qea"
     context_tokens: int = Field(2048, ge=8)

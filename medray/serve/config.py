@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import Field, model_validator
 
-from medray.config import ConfigError, Strict, read_yaml, validate
+from medray.config import ConfigError, Strict, load_yaml
 from medray.prompts.spec import (
     PromptOverride,
     PromptSpec,
@@ -177,7 +177,7 @@ def _looks_local(path: str) -> bool:
     return path.startswith((".", "~")) or path.count("/") > 1 or "\\" in path
 
 
-class ServeFile(BaseModel):
+class ServeFile(Strict):
     """The subset of a Serve config file that `medray serve --config` reads."""
 
     host: str = "127.0.0.1"
@@ -192,17 +192,18 @@ def load_serve_file(path: str | os.PathLike) -> ServeFile:
 
     Relative paths in `args` are resolved against the file's folder; errors are
     ConfigErrors naming the file and the key (`applications.0.args.max_model_len`)."""
-    raw = read_yaml(path, "serve config")
-    apps = raw.get("applications") or []
-    if not apps or not isinstance(apps, list) or not isinstance(apps[0], dict):
-        raise ConfigError(f"{path}: no `applications` entry")
-    app = apps[0]
-    http = raw.get("http_options") or {}
-    args = {"base_dir": str(Path(path).resolve().parent), **(app.get("args") or {})}
-    return ServeFile(
-        host=http.get("host", "127.0.0.1"),
-        port=http.get("port", 8000),
-        name=app.get("name", "medray"),
-        route_prefix=app.get("route_prefix", "/"),
-        args=validate(AppConfig, args, str(path), "applications.0.args"),
-    )
+    file: dict[str, Any] = {}
+
+    def app_args(raw: dict) -> tuple[dict, str]:
+        apps = raw.get("applications") or []
+        if not apps or not isinstance(apps, list) or not isinstance(apps[0], dict):
+            raise ConfigError(f"{path}: no `applications` entry")
+        file.update(http=raw.get("http_options") or {}, app=apps[0])
+        args = {"base_dir": str(Path(path).resolve().parent), **(apps[0].get("args") or {})}
+        return args, "applications.0.args"
+
+    args = load_yaml(AppConfig, path, what="serve config", section=app_args)
+    http, app = file["http"], file["app"]
+    return ServeFile(host=http.get("host", "127.0.0.1"), port=http.get("port", 8000),
+                     name=app.get("name", "medray"), route_prefix=app.get("route_prefix", "/"),
+                     args=args)
