@@ -322,12 +322,13 @@ def report_cmd(
 
 
 def ensemble(
-    runs: list[Path] = typer.Argument(..., help="run directories (predictions.jsonl), the "
-                                      "strongest first: ties go to the earliest listed"),
-    data: Path = typer.Option(..., help="prepared dataset directory the runs answered"),
-    output: Path = typer.Option(..., help="directory for the ensemble row"),
-    split: str = typer.Option("test", help="split to vote on"),
-    seed: int = typer.Option(0, help="bootstrap seed"),
+    runs: Annotated[list[Path], typer.Argument(
+        help="run directories (predictions.jsonl), the "
+        "strongest first: ties go to the earliest listed")],
+    data: Annotated[Path, typer.Option(help="prepared dataset directory the runs answered")],
+    output: Annotated[Path, typer.Option(help="directory for the ensemble row")],
+    split: Annotated[str, typer.Option(help="split to vote on")] = "test",
+    seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
 ) -> None:
     """Unweighted majority vote over multiple-choice runs, scored as its own row."""
     from medray.eval.ensemble import majority_vote
@@ -344,11 +345,12 @@ def ensemble(
 
 
 def translate(
-    engine: str = typer.Option(..., help="translation engine, e.g. openai:gpt-4o-mini"),
-    data: Path = typer.Option(..., help="prepared multiple-choice dataset directory"),
-    output: Path = typer.Option(..., help="new prepared dataset directory (language en)"),
-    base_url: str = typer.Option(None, help="API base URL"),
-    cache: Path = typer.Option(None, help="response cache (default as `medray eval --engine`)"),
+    engine: Annotated[str, typer.Option(help="translation engine, e.g. openai:gpt-4o-mini")],
+    data: Annotated[Path, typer.Option(help="prepared multiple-choice dataset directory")],
+    output: Annotated[Path, typer.Option(help="new prepared dataset directory (language en)")],
+    base_url: Annotated[str | None, typer.Option(help="API base URL")] = None,
+    cache: Annotated[Path | None, typer.Option(
+        help="response cache (default as `medray eval --engine`)")] = None,
 ) -> None:
     """Translate questions and options to English (EuropeMedQA protocol), ids preserved."""
     from medray.engines.registry import EngineSpecError, build_engine, parse_spec

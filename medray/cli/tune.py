@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -12,25 +12,33 @@ from medray.console import command_console, fail, terminal
 
 
 def tune(
-    config: Path = typer.Option(None, "--config", help="training YAML (configs/*.yaml)"),
-    space: Path = typer.Option(None, "--space", help="search space YAML (tune/spaces/*.yaml)"),
-    output: Path = typer.Option(..., "--output", help="sweep directory"),
-    resume: bool = typer.Option(False, "--resume",
-                                help="continue an interrupted sweep in OUTPUT (finished "
-                                     "trials are kept, unfinished ones resume)"),
-    search: SearchAlg = typer.Option(None, help="search algorithm (default: the space's)"),
-    num_samples: int = typer.Option(None, help="trials (random/optuna) or grid repeats"),
-    max_concurrent_trials: int = typer.Option(None, help="default: space, else all (queued)"),
-    metric: SweepMetric = typer.Option(None, help="metric to optimise (default: the space's)"),
-    mode: OptMode = typer.Option(None, help="max or min (default: the space's)"),
-    overrides: list[str] = typer.Argument(None, help="dotted key=value training overrides"),
-    force: bool = typer.Option(False, "--force", help="write into --output even if it is a "
-                               "non-empty folder medray did not create"),
-    best_if_partial: bool = typer.Option(False, "--best-if-partial",
-                                         help="write best.yaml even when the sweep was "
-                                              "interrupted (the best trial so far)"),
-    verbose: bool = typer.Option(False, "--verbose",
-                                 help="show Ray Tune/Train logs here (default: OUTPUT/logs/)"),
+    output: Annotated[Path, typer.Option("--output", help="sweep directory")],
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="training YAML (configs/*.yaml)")] = None,
+    space: Annotated[Path | None, typer.Option(
+        "--space", help="search space YAML (tune/spaces/*.yaml)")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="continue an interrupted sweep in OUTPUT (finished "
+        "trials are kept, unfinished ones resume)")] = False,
+    search: Annotated[SearchAlg | None, typer.Option(
+        help="search algorithm (default: the space's)")] = None,
+    num_samples: Annotated[int | None, typer.Option(
+        help="trials (random/optuna) or grid repeats")] = None,
+    max_concurrent_trials: Annotated[int | None, typer.Option(
+        help="default: space, else all (queued)")] = None,
+    metric: Annotated[SweepMetric | None, typer.Option(
+        help="metric to optimise (default: the space's)")] = None,
+    mode: Annotated[OptMode | None, typer.Option(help="max or min (default: the space's)")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="dotted key=value training overrides")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="write into --output even if it is a "
+        "non-empty folder medray did not create")] = False,
+    best_if_partial: Annotated[bool, typer.Option(
+        "--best-if-partial", help="write best.yaml even when the sweep was "
+        "interrupted (the best trial so far)")] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="show Ray Tune/Train logs here (default: OUTPUT/logs/)")] = False,
 ) -> None:
     """Sweep hyperparameters with Ray Tune (ASHA; grid, random or Optuna search).
 
