@@ -203,3 +203,11 @@ def test_a_config_overrides_only_the_prompt_fields_it_sets_on_the_way_to_the_rep
     again = EvalConfig.model_validate(ev.model_dump(mode="json"))
     assert again.prompt.model_fields_set == {"max_new_tokens"}
     assert again.model_dump(mode="json")["prompt"] == {"max_new_tokens": 4}
+
+
+def test_the_old_serve_import_path_still_loads_the_app():
+    """Serve config files written for earlier releases name medray.serve_app:build_app."""
+    from medray import serve_app
+    from medray.serve import app
+
+    assert serve_app.build_app is app.build_app
