@@ -33,7 +33,7 @@ def write_results(name: str, results: dict[str, Any], *, command: str,
                   folder: Path | None = None) -> Path:
     """Write `results` as NAME.json with commit, date (UTC) and machine; returns the path."""
     from medray.demo.machine import describe_machine
-    from medray.fsutil import write_json_atomic
+    from medray.io import write_json_atomic
 
     record = {"bench": name, "command": command, "commit": _commit(),
               "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),

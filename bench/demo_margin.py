@@ -40,7 +40,7 @@ def run_seed(seed: int, work: Path, config: str, overrides: list[str]) -> dict:
     set), its stages on the console, Ray/DeepSpeed/vLLM logs in WORK/demo/logs."""
     from medray.console import command_console
     from medray.demo import run_demo
-    from medray.fsutil import claim_directory
+    from medray.io import claim_directory
 
     out = work / "demo"
     claim_directory(out, command="demo")

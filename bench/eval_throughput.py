@@ -134,10 +134,10 @@ def main() -> None:
 
     from medray.data.prepared import load_prepared
     from medray.models import load_tokenizer
-    from medray.prompts import PromptSpec
-    from medray.serve_app import build_app
-    from medray.serve_config import AppConfig
-    from medray.tokenization import build_prompt_ids, encode_context
+    from medray.prompts.spec import PromptSpec
+    from medray.prompts.tokens import build_prompt_ids, encode_context
+    from medray.serve.app import build_app
+    from medray.serve.config import AppConfig
 
     work = Path(args.work or tempfile.mkdtemp(prefix="medray-bench-"))
     data_dir, model = prepared_and_model(work, args.model)

@@ -15,7 +15,7 @@ Shapes:
   items, 768 tokens: decode and per-request overhead dominate there.
 
 Offline vLLM engine (medray.engines.vllm), greedy, max_new_tokens 10, prompts assembled by
-medray.tokenization.build_prompt_ids (trim), items ordered by patient and sent as
+medray.prompts.tokens.build_prompt_ids (trim), items ordered by patient and sent as
 `medray eval` sends them to an in-process engine (medray.eval.plan.EvalPlan.engine_calls):
 one engine call per patient (at most 128 items) for E+Q+A, the same calls for Q+E+A so only
 the prompt order differs. Rows: Q+E+A and E+Q+A on ONE engine with prefix caching on (the
@@ -72,8 +72,8 @@ def _cache_counters(engine) -> dict[str, float]:
 
 def _run(engine, tok, calls, fmt: str, context_tokens: int) -> dict:
     from medray.eval.metrics.generative import f1_medqaro
-    from medray.prompts import PromptSpec
-    from medray.tokenization import build_prompt_ids, encode_context
+    from medray.prompts.spec import PromptSpec
+    from medray.prompts.tokens import build_prompt_ids, encode_context
 
     spec = PromptSpec(format=fmt, context_tokens=context_tokens)  # reserve: 10 new tokens
     cache: dict[str, list[int]] = {}

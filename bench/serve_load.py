@@ -77,8 +77,8 @@ def main() -> None:
     from ray import serve
 
     from medray.data.prepared import load_prepared
-    from medray.serve_app import build_app
-    from medray.serve_config import AppConfig
+    from medray.serve.app import build_app
+    from medray.serve.config import AppConfig
 
     work = Path(args.work or tempfile.mkdtemp(prefix="medray-bench-"))
     data_dir, model = prepared_and_model(work, args.model)

@@ -101,7 +101,7 @@ def census() -> dict[str, Any]:
 def _app_config(model: str, keys: Path, kv_mib: int | None) -> Any:
     import yaml
 
-    from medray.serve_config import AppConfig
+    from medray.serve.config import AppConfig
 
     spec = yaml.safe_load((ROOT / "serve" / "medqaro-cpu.yaml").read_text())
     args = dict(spec["applications"][0]["args"])
@@ -119,9 +119,9 @@ def run_mode(mode: str, model: str, work: Path, ready_timeout: float,
     import ray
     from ray import serve
 
+    from medray.cluster import connect
     from medray.engines.vllm import SERVE_INPROC_ENV
-    from medray.raycluster import connect
-    from medray.serve_app import build_app
+    from medray.serve.app import build_app
 
     os.environ[SERVE_INPROC_ENV] = MODES[mode]
     keys = work / "keys"

@@ -17,7 +17,7 @@
    positions that have a target (what training runs), same batches: step time, and the
    logit values computed per step (positions x vocabulary: the memory the projection and
    its gradient take, which on a long epicrisis with a large vocabulary is gigabytes).
-4. Where epicrises are tokenised for training (medray.tokenization.tokenize_contexts):
+4. Where epicrises are tokenised for training (medray.train.data.tokenize_contexts):
    in the driver's process vs a Ray Data actor pool on a local Ray cluster of this
    machine's CPUs, at 1x and 16x the patients, and which one medray picks.
 
@@ -118,8 +118,9 @@ def throughput(model_dir: str, rows: list[dict], mode: str, budget: int, batch: 
 def tokenisation(model_dir: str, data_dir: str, factors: list[int]) -> list[dict]:
     from medray.data.prepared import load_prepared
     from medray.models import load_tokenizer
-    from medray.prompts import PromptSpec, medqaro_prompt, medqaro_target
-    from medray.tokenization import build_example, encode_context
+    from medray.prompts.spec import PromptSpec
+    from medray.prompts.text import medqaro_prompt, medqaro_target
+    from medray.prompts.tokens import build_example, encode_context
 
     tok = load_tokenizer(model_dir)
     untrimmed = PromptSpec(context_tokens=100_000, reserve=0)
@@ -171,7 +172,7 @@ def tokenisation_placement(model_dir: str, data_dir: Path, work: Path,
 
     import ray
 
-    from medray.tokenization import split_contexts, tokenise_in_process, tokenize_contexts
+    from medray.train.data import split_contexts, tokenise_in_process, tokenize_contexts
 
     cpus = os.cpu_count() or 1
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)

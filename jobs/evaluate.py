@@ -20,10 +20,10 @@ def main(argv: list[str] | None = None) -> int:
 
     import typer
 
-    from medray.cli.eval import eval_cmd
+    from medray.cli.eval import evaluate_config
 
     try:
-        eval_cmd(Path(args.config), Path(args.output), address=args.address or None)
+        evaluate_config(Path(args.config), Path(args.output), address=args.address or None)
     except typer.Exit as exc:
         return int(exc.exit_code)
     return 0

@@ -11,6 +11,7 @@ command line reports it as `error: FILE: KEY ...` with exit status 2.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -94,7 +95,14 @@ def validate(model: type[M], raw: Any, source: str, prefix: str = "") -> M:
 
 
 def load_yaml(model: type[M], path: str | os.PathLike, overrides: list[str] | None = None,
-              *, what: str = "config file") -> M:
-    """Read `path`, apply dotted overrides, validate as `model`."""
+              *, what: str = "config file", check: Callable[[dict, str], None] | None = None,
+              section: Callable[[dict], tuple[Any, str]] | None = None) -> M:
+    """Read `path`, apply dotted overrides, validate as `model`: how every config file is
+    loaded. `check(raw, source)` runs first, for rules a model cannot state (keys that
+    moved, paths left unset on purpose); `section(raw)` picks the mapping the model
+    describes and its dotted place in the file (a Serve config's `applications.0.args`)."""
     raw = apply_overrides(read_yaml(path, what), list(overrides or []))
-    return validate(model, raw, str(path))
+    if check is not None:
+        check(raw, str(path))
+    data, prefix = section(raw) if section is not None else (raw, "")
+    return validate(model, data, str(path), prefix)

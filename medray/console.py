@@ -159,7 +159,8 @@ def link_ray_logs(log_dir: Path) -> None:
 
         if not ray.is_initialized():
             return
-        session = Path(ray._private.worker.global_worker.node.get_session_dir_path())
+        context = ray.get_runtime_context()  # the session folder is temp dir / session name
+        session = Path(context.get_temp_dir()) / context.get_session_name()
     except Exception:  # a client connection or no local node: the dashboard has the logs
         return
     link = log_dir / "ray"

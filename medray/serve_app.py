@@ -1,6 +1,6 @@
-"""Import path of the Serve app (`import_path: medray.serve_app:build_app`); the code is in
-medray/serving/."""
+"""Kept for Ray Serve YAML files users wrote before the Serve app moved: their
+`import_path: medray.serve_app:build_app` still loads it. The app is medray.serve.app."""
 
-from medray.serving.app import QAIngress, build_app
+from medray.serve.app import QAIngress, build_app
 
 __all__ = ["QAIngress", "build_app"]

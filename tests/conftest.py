@@ -35,7 +35,7 @@ def ray_session():
     compute, and never all at once."""
     import ray
 
-    from medray.raycluster import use_small_data_reader
+    from medray.cluster import use_small_data_reader
 
     use_small_data_reader()  # what a local `medray` run uses (saves 15-40 s per read)
     if not ray.is_initialized():
@@ -160,7 +160,7 @@ ASKED_PROMPT = {"format": "eqa", "context_tokens": 160, "max_new_tokens": 7, "re
 def _copy_with_prompt(adapter: Path, out: Path, prompt: dict) -> Path:
     import shutil
 
-    from medray.prompts import PROMPT_FILE, PromptSpec
+    from medray.prompts.spec import PROMPT_FILE, PromptSpec
 
     shutil.copytree(adapter, out)
     (out / PROMPT_FILE).write_text(PromptSpec(**prompt).model_dump_json())
@@ -179,8 +179,8 @@ def serve_app(ray_session, tiny_model, served_adapter, served_merged, tmp_path_f
 
     from ray import serve
 
-    from medray.serve_app import build_app
-    from medray.serve_config import AppConfig
+    from medray.serve.app import build_app
+    from medray.serve.config import AppConfig
 
     keys = tmp_path_factory.mktemp("secrets") / "keys"
     keys.write_text(f"# one key per line\n{SERVE_KEY}\n")

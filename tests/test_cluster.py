@@ -359,7 +359,7 @@ def test_two_llm_replicas_on_two_nodes_and_the_service_survives_losing_one(
     config.write_text(yaml.safe_dump({
         "proxy_location": "HeadOnly", "http_options": {"host": "127.0.0.1", "port": 8000},
         "applications": [{"name": "medray", "route_prefix": "/",
-                          "import_path": "medray.serve_app:build_app",
+                          "import_path": "medray.serve.app:build_app",
                           "args": {"model": str(tiny_model), "device": "cpu",
                                    "max_model_len": 256, "require_auth": False,
                                    "prompt": {"context_tokens": 128},

@@ -86,7 +86,7 @@ def test_eval_config_errors(tmp_path):
 
 
 def test_serve_config_errors_name_the_key_inside_the_serve_file(tmp_path):
-    from medray.serve_config import load_serve_file
+    from medray.serve.config import load_serve_file
 
     raw = yaml.safe_load((ROOT / "serve" / "medqaro-cpu.yaml").read_text())
     raw["applications"][0]["args"]["max_model_lenght"] = 512

@@ -9,7 +9,7 @@ import pytest
 import ray
 import yaml
 
-from medray.serve_config import AppConfig
+from medray.serve.config import AppConfig
 from medray.train.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -86,7 +86,7 @@ def test_rayservice_args_validate_and_keys_come_from_the_secret() -> None:
     service = _one("rayservice-qa.yaml", "RayService")["spec"]
     serve = yaml.safe_load(service["serveConfigV2"])
     app = serve["applications"][0]
-    assert app["import_path"] == "medray.serve_app:build_app"
+    assert app["import_path"] == "medray.serve.app:build_app"
     args = AppConfig.model_validate(app["args"])
     assert args.device == "gpu" and args.require_auth
     assert args.model.startswith(SHARED + "/")

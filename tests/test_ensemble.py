@@ -13,7 +13,7 @@ from medray.data.prepared import load_prepared
 from medray.eval.config import engine_config
 from medray.eval.ensemble import TIE_RULE, majority_vote, vote
 from medray.eval.runner import run_eval
-from medray.prompts import format_question_text
+from medray.prompts.text import format_question_text
 
 
 def test_vote_rules():

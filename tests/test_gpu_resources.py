@@ -75,7 +75,7 @@ def test_vllm_engine_kwargs_are_real_engine_args(tmp_path):
 def test_serve_device_is_explicit(tiny_model):
     from pydantic import ValidationError
 
-    from medray.serve_config import AppConfig
+    from medray.serve.config import AppConfig
 
     with pytest.raises(ValidationError):
         AppConfig(model=str(tiny_model), device="auto")
@@ -86,9 +86,9 @@ def test_serve_device_is_explicit(tiny_model):
 
 def test_serve_gpu_replicas_ask_for_gpus_wherever_the_app_is_built(tiny_model):
     """Built here, on a machine without a GPU: the device comes from the config alone."""
-    from medray.serve_app import build_app
-    from medray.serve_config import AppConfig
-    from medray.serving.llm import llm_config
+    from medray.serve.app import build_app
+    from medray.serve.config import AppConfig
+    from medray.serve.llm import llm_config
 
     gpu = AppConfig(model=str(tiny_model), device="gpu", require_auth=False,
                     engine_kwargs={"tensor_parallel_size": 2})
@@ -108,7 +108,7 @@ def test_serve_gpu_replicas_ask_for_gpus_wherever_the_app_is_built(tiny_model):
 def test_gpu_serve_file(tiny_model):
     from vllm import EngineArgs
 
-    from medray.serve_config import AppConfig
+    from medray.serve.config import AppConfig
 
     raw = yaml.safe_load((ROOT / "serve" / "medqaro-gpu.yaml").read_text())
     args = raw["applications"][0]["args"]

@@ -18,7 +18,7 @@ from medray.data.schema import GROUP_CODES
 from medray.eval.config import engine_config
 from medray.eval.mcq import answer_text
 from medray.eval.runner import run_eval
-from medray.prompts import format_question_text
+from medray.prompts.text import format_question_text
 
 
 @pytest.fixture(autouse=True)

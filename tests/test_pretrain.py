@@ -1,4 +1,4 @@
-"""Short causal-LM pre-training of the tiny base (medray.pretrain; plain torch, ~10 s)."""
+"""Short causal-LM pre-training of the tiny base (medray.demo.pretrain; plain torch, ~10 s)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from medray.pretrain import _windows, lm_loss, pretrain_tiny_base
+from medray.demo.pretrain import _windows, lm_loss, pretrain_tiny_base
 
 
 def _split_texts(prepared, split: str) -> list[str]:

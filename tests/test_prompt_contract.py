@@ -12,7 +12,7 @@ import json
 
 
 def _trained_spec(tiny_trained):
-    from medray.prompts import PromptSpec
+    from medray.prompts.spec import PromptSpec
 
     metrics = json.loads((tiny_trained / "metrics.json").read_text())
     return PromptSpec.model_validate(metrics["config"]["prompt"])
@@ -23,7 +23,8 @@ def _training_prompts(tiny_model, data, examples, spec) -> dict[str, list[int]]:
     tokeniser + example assembler), the labels' -100 span being the prompt."""
     import pandas as pd
 
-    from medray.tokenization import IGNORE_INDEX, ContextTokenizer, ExampleAssembler
+    from medray.prompts.tokens import IGNORE_INDEX
+    from medray.train.data import ContextTokenizer, ExampleAssembler
 
     wanted = data.contexts[data.contexts["context_id"].isin(set(examples["context_id"]))]
     tokenised = ContextTokenizer(str(tiny_model))(wanted[["context_id", "text"]])

@@ -9,7 +9,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from medray.prompts import (
+from medray.prompts.spec import (
     PROMPT_FILE,
     PromptSpec,
     load_prompt_spec,
@@ -58,7 +58,7 @@ def test_context_room_arithmetic():
 
 
 def test_room_is_what_the_token_assembly_keeps(tok):
-    from medray.tokenization import (
+    from medray.prompts.tokens import (
         build_example,
         build_prompt_ids,
         encode_context,
@@ -81,12 +81,12 @@ def test_room_is_what_the_token_assembly_keeps(tok):
 def test_chat_template_is_applied_in_one_place(tok):
     import copy
 
-    from medray.prompts import ChatPrompt
-    from medray.tokenization import build_prompt_ids, encode_context
+    from medray.prompts.text import ChatPrompt, prompt_text
+    from medray.prompts.tokens import build_prompt_ids, encode_context
 
     chat = ChatPrompt(system="S", user="U")
-    assert PromptSpec().chat_text(tok, chat) == chat.text  # the papers used none
-    templated = PromptSpec(chat_template=True).chat_text(tok, chat)
+    assert prompt_text(chat, tok, PromptSpec()) == chat.text  # the papers used none
+    templated = prompt_text(chat, tok, PromptSpec(chat_template=True))
     assert templated == tok.apply_chat_template(chat.messages(), tokenize=False,
                                                 add_generation_prompt=True)
     # MedQARo prompts too: the template wraps question + epicrisis, trimmed as usual. The
@@ -141,7 +141,7 @@ def test_default_warning_goes_to_stderr(capsys):
 
 
 def test_serve_config_reads_the_model_folder_and_warns_on_override(tmp_path):
-    from medray.serve_config import AppConfig
+    from medray.serve.config import AppConfig
 
     model, adapter = tmp_path / "merged", tmp_path / "adapter"
     model.mkdir()
@@ -180,7 +180,7 @@ def test_old_flat_keys_name_the_new_ones(tmp_path):
     import yaml
 
     from medray.eval.config import load_eval_config
-    from medray.serve_config import AppConfig
+    from medray.serve.config import AppConfig
     from medray.train.config import ConfigError, load_config
 
     train = tmp_path / "train.yaml"
@@ -221,8 +221,9 @@ def test_serving_builds_the_training_prompt_token_for_token(tok, tiny_model, med
     import pandas as pd
 
     from medray.data.prepared import load_prepared
-    from medray.strategies import plan_strategy
-    from medray.tokenization import IGNORE_INDEX, ContextTokenizer, ExampleAssembler
+    from medray.prompts.strategies import plan_strategy
+    from medray.prompts.tokens import IGNORE_INDEX
+    from medray.train.data import ContextTokenizer, ExampleAssembler
 
     data = load_prepared(medqaro_prepared)
     examples = data.split("test").head(6)

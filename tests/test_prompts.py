@@ -1,6 +1,6 @@
 import pytest
 
-from medray.prompts import (
+from medray.prompts.text import (
     europemedqa_prompt,
     medqaro_prompt,
     medqaro_prompt_parts,

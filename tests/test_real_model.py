@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from medray.cli import app
-from medray.fsutil import MARKER
+from medray.io import MARKER
 from medray.models import SMOLLM2_FILE, SMOLLM2_PACKAGE, load_model_and_tokenizer
 
 runner = CliRunner()

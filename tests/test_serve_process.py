@@ -101,7 +101,7 @@ def test_medray_serve_stops_on_sigterm_without_stack_dumps(tiny_model, tmp_path)
     config.write_text(
         f"http_options: {{host: 127.0.0.1, port: {port}}}\n"
         "applications:\n"
-        "  - name: medray\n    route_prefix: /\n    import_path: medray.serve_app:build_app\n"
+        "  - name: medray\n    route_prefix: /\n    import_path: medray.serve.app:build_app\n"
         f"    args: {{model: {tiny_model}, device: cpu, max_model_len: 512,\n"
         "           prompt: {context_tokens: 256},\n"
         f"           api_keys_env: null, api_keys_file: {keys},\n"

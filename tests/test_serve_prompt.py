@@ -27,8 +27,8 @@ def test_qa_prompts_with_the_trained_format_strategy_and_budget(client, serve_ap
     from transformers import AutoTokenizer
 
     from medray.data.prepared import load_prepared
-    from medray.prompts import PromptSpec
-    from medray.strategies import plan_strategy
+    from medray.prompts.spec import PromptSpec
+    from medray.prompts.strategies import plan_strategy
 
     _, _, cfg = serve_app
     data = load_prepared(medqaro_prepared)

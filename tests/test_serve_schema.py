@@ -19,7 +19,7 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from medray.serving.schemas import LABELS
+from medray.serve.schemas import LABELS
 
 SEED = 20261206
 # Requests per operation: invalid data is answered before the engine, valid data generates
@@ -145,7 +145,7 @@ def test_vllm_errors_get_openai_types():
     names (BadRequestError); its server faults are the service's (503)."""
     from vllm.entrypoints.serve.engine.protocol import ErrorInfo
 
-    from medray.serving.relay import relayed_error
+    from medray.serve.relay import relayed_error
 
     err = relayed_error(ErrorInfo(message="bad prompt", type="BadRequestError", code=400,
                                   param="prompt"))

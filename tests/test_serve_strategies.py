@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from medray.engines.base import Generation
-from medray.prompts import PromptSpec
-from medray.strategies import (
+from medray.prompts.spec import PromptSpec
+from medray.prompts.strategies import (
     bm25_select,
     finish_strategy,
     majority_vote,
@@ -93,7 +93,7 @@ class _FakeTokenizer:
 
 
 def test_plans_use_the_shared_prompt_assembly():
-    from medray.tokenization import build_prompt_ids, encode_context
+    from medray.prompts.tokens import build_prompt_ids, encode_context
 
     tok = _FakeTokenizer()
     context = " ".join(f"w{i}" for i in range(40)) + " stadiul IIA carcinom"

@@ -21,16 +21,16 @@ import pytest
 
 from medray.data.schema import GROUP_CODES
 from medray.data.synth import SCALES, write_europemedqa, write_medqaro, write_robiology
-from medray.data.synth_medqaro import (
+from medray.data.synth.medqaro import (
     PAPER_MEAN_WORDS,
     draw_target_words,
     patient_rng,
     patient_rows,
     split_plan,
 )
-from medray.data.synth_medqaro_families import FAMILIES_PAPER, families_for
-from medray.data.synth_medqaro_patient import make_patient, stage_from_tnm
-from medray.fsutil import MARKER
+from medray.data.synth.medqaro_families import FAMILIES_PAPER, families_for
+from medray.data.synth.medqaro_patient import make_patient, stage_from_tnm
+from medray.io import MARKER
 from medray.text import normalize
 
 MEDQARO_FILES = ("train.csv", "val.csv", "test.csv", "test_cross.csv")
@@ -196,7 +196,7 @@ def robiology(tmp_path_factory) -> Path:
 
 
 def test_robiology_format_determinism_and_truth(robiology, tmp_path):
-    from medray.data.synth_mcq_text import BIO
+    from medray.data.synth.mcq_text import BIO
 
     truth = {s[:1].upper() + s[1:]: v for t, f in BIO.values() for v, ss in ((True, t), (False, f))
              for s in ss}
@@ -240,8 +240,8 @@ def test_robiology_format_determinism_and_truth(robiology, tmp_path):
 
 
 def test_robiology_paper_scale_fills_its_splits_with_distinct_items(monkeypatch):
-    from medray.data import synth_mcq
-    from medray.data.synth_mcq import ROBIO_SIZES, robiology_items
+    from medray.data.synth import mcq as synth_mcq
+    from medray.data.synth.mcq import ROBIO_SIZES, robiology_items
 
     splits = robiology_items(0, "paper")  # in memory: ~2 s
     assert {k: len(v) for k, v in splits.items()} == ROBIO_SIZES["paper"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from medray.prompts import PromptSpec, medqaro_prompt, medqaro_target
-from medray.tokenization import (
+from medray.prompts.spec import PromptSpec
+from medray.prompts.text import medqaro_prompt, medqaro_target
+from medray.prompts.tokens import (
     IGNORE_INDEX,
     BudgetError,
     build_chunk_examples,
@@ -159,7 +160,7 @@ def test_packed_rows_do_not_attend_across_examples(tiny_model, tok, epicrisis):
 def test_ray_data_pipeline_tokenises_each_epicrisis_once(ray_session, medqaro_prepared,
                                                          tiny_model, tok):
     from medray.data.prepared import load_prepared
-    from medray.tokenization import examples_dataset, tokenize_contexts
+    from medray.train.data import examples_dataset, tokenize_contexts
 
     data = load_prepared(medqaro_prepared)
     splits = ["train", "val"]

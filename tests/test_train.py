@@ -33,7 +33,7 @@ def test_training_lowers_val_loss_and_writes_outputs(tiny_trained):
     assert (adapter / "adapter_model.safetensors").is_file()
     assert list((tiny_trained / "tensorboard").glob("events.out.tfevents.*"))
     # The prompt it was trained with, beside the adapter (what Serve and eval read back).
-    from medray.prompts import PromptSpec, load_prompt_spec
+    from medray.prompts.spec import PromptSpec, load_prompt_spec
 
     trained = PromptSpec.model_validate(m["config"]["prompt"])
     assert trained.context_tokens == 128 and trained.answer_reserve == 10
@@ -67,7 +67,7 @@ def test_export_merge_matches_peft(tiny_trained, tmp_path):
 
     from medray.cli import app
     from medray.models import load_model_and_tokenizer
-    from medray.prompts import load_prompt_spec
+    from medray.prompts.spec import load_prompt_spec
 
     res = CliRunner().invoke(app, ["export", str(tiny_trained), "--merge", "--out",
                                    str(tmp_path / "merged")])

@@ -79,7 +79,7 @@ def test_every_shipped_training_config_validates():
 
 def test_preflight_fails_before_workers(tiny_model, medqaro_prepared, tmp_path):
     from medray.models import LoraTargetError
-    from medray.tokenization import BudgetError
+    from medray.prompts.tokens import BudgetError
     from medray.train.presets import tiny_config
     from medray.train.trainer import preflight
 

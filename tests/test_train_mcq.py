@@ -38,9 +38,9 @@ def _config(model: Path, data: Path, overrides: list[str]):
 
 def test_examples_are_the_evaluation_prompt_plus_the_key(robio_model, robiology_prepared):
     from medray.data.prepared import load_prepared
-    from medray.eval.mcq import example_dict, prompt_text, render
     from medray.models import load_tokenizer
-    from medray.tokenization import IGNORE_INDEX, BudgetError
+    from medray.prompts.text import example_dict, prompt_text, render
+    from medray.prompts.tokens import IGNORE_INDEX, BudgetError
     from medray.train import mcq
 
     cfg = _config(robio_model, robiology_prepared, [])

@@ -8,10 +8,10 @@ from typing import Annotated
 
 import typer
 
-from medray.choices import Compat, Dataset, PromptFormat, Scale
+from medray.cli.choices import Compat, Dataset, PromptFormat, Scale
 from medray.console import fail
-from medray.datasets import DATASETS
-from medray.prompts import REFERENCE_MAX_NEW_TOKENS
+from medray.data.registry import DATASETS
+from medray.prompts.spec import REFERENCE_MAX_NEW_TOKENS
 
 SCALE_HELP = "corpus size (default per dataset: " + ", ".join(
     f"{name} {spec.synthetic_scale}" for name, spec in DATASETS.items()) + ")"
@@ -37,7 +37,7 @@ def synth(
 ) -> None:
     """Write deterministic synthetic data in the benchmark's released raw format."""
     from medray.data import synth as generators
-    from medray.fsutil import OutputRefused
+    from medray.io import OutputRefused
 
     write = generators.WRITERS[dataset.value]
     scale = scale or Scale(DATASETS[dataset.value].synthetic_scale)
@@ -67,7 +67,7 @@ def prepare(
     from medray.data.prepare import prepare as run_prepare
     from medray.data.schema import DataError
     from medray.data.stats import compute_stats, letter_shares
-    from medray.fsutil import OutputRefused
+    from medray.io import OutputRefused
 
     if not input.exists():
         fail(f"--input {input}: no such file or directory")
@@ -167,8 +167,8 @@ def prompt(
     from pydantic import ValidationError
 
     from medray.data.prepared import load_prepared
-    from medray.data.render import render_example
-    from medray.prompts import PromptSpec
+    from medray.prompts.render import needs_tokenizer, render_example
+    from medray.prompts.spec import PromptSpec
 
     try:
         fields = {"format": format.value, "max_new_tokens": max_new_tokens, "shots": shots,
@@ -177,8 +177,13 @@ def prompt(
             fields["context_tokens"] = context_tokens
         spec = PromptSpec(**fields)
         data = load_prepared(directory)
-        text = render_example(data, id, spec, trim=context_tokens is not None,
-                              tokenizer=tokenizer, seed=seed)
+        trim = context_tokens is not None
+        tok = None
+        if tokenizer is not None and needs_tokenizer(data, spec, trim=trim):
+            from medray.models import load_tokenizer
+
+            tok = load_tokenizer(tokenizer)
+        text = render_example(data, id, spec, trim=trim, tokenizer=tok, seed=seed)
     except ValidationError as err:
         first = err.errors()[0]
         fail(f"--{str(first['loc'][0]).replace('_', '-')}: {first['msg']}")

@@ -3,26 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
 def demo(
-    output: Path = typer.Option(Path("runs/demo"), help="where the demo writes everything"),
-    seed: int = typer.Option(0, help="seed of the synthetic data, model init and training"),
-    config: Path = typer.Option(None, help="demo recipe (default: configs/demo.yaml)"),
-    address: str = typer.Option(None, help="Ray address (default: RAY_ADDRESS, else local)"),
-    verbose: bool = typer.Option(False, "--verbose",
-                                 help="show Ray/vLLM/DeepSpeed logs here (default: "
-                                      "OUTPUT/logs/)"),
-    overrides: list[str] = typer.Argument(None, help="dotted key=value recipe overrides, "
-                                          "e.g. train.optim.max_steps=100"),
+    output: Annotated[Path, typer.Option(
+        help="where the demo writes everything")] = Path("runs/demo"),
+    seed: Annotated[int, typer.Option(
+        help="seed of the synthetic data, model init and training")] = 0,
+    config: Annotated[Path | None, typer.Option(
+        help="demo recipe (default: configs/demo.yaml)")] = None,
+    address: Annotated[str | None, typer.Option(
+        help="Ray address (default: RAY_ADDRESS, else local)")] = None,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="show Ray/vLLM/DeepSpeed logs here (default: OUTPUT/logs/)")] = False,
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="dotted key=value recipe overrides, e.g. train.optim.max_steps=100")] = None,
 ) -> None:
     """The whole pipeline on synthetic data: tiny model, Ray Train LoRA, Serve, eval, report."""
     from medray.config import ConfigError
     from medray.console import command_console, fail
     from medray.demo import DEFAULT_DEMO_CONFIG, run_demo
-    from medray.fsutil import OutputRefused, claim_directory
+    from medray.io import OutputRefused, claim_directory
 
     try:  # claimed before the console writes OUTPUT/logs into it
         claim_directory(output, command="demo")

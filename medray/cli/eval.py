@@ -8,7 +8,6 @@ file gives.
 
 from __future__ import annotations
 
-import inspect
 import json
 import sys
 from pathlib import Path
@@ -16,17 +15,12 @@ from typing import Annotated, Any
 
 import typer
 
-from medray.choices import MetricMode
+from medray.cli.choices import MetricMode
+from medray.cli.raystart import start_ray
 from medray.console import command_console, fail
 
 _CFG = "--config path (any engine, from a YAML file)"
 _ENG = "--engine path (shorthand: the config from flags)"
-
-
-def _init_ray(address: str | None, num_cpus: int | None) -> None:
-    from medray.raycluster import connect
-
-    connect(address, num_cpus=num_cpus)
 
 
 def _params(items: list[str]) -> dict[str, Any]:
@@ -43,6 +37,7 @@ def _params(items: list[str]) -> dict[str, Any]:
 
 
 def eval_cmd(
+    ctx: typer.Context,
     config: Annotated[Path | None, typer.Option(
         "--config", "-c", help="eval config YAML (any engine kind: serve, vllm, hf, openai, "
         "anthropic, baseline)", rich_help_panel=_CFG)] = None,
@@ -98,7 +93,6 @@ def eval_cmd(
         rich_help_panel=_ENG)] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="print the metrics as JSON", rich_help_panel=_ENG)] = False,
-    ctx: typer.Context = None,  # type: ignore[assignment]  # None in a plain Python call
 ) -> None:
     """Evaluate on a split: --config EVAL.yaml, or --engine SPEC --data DIR (the same run
     from flags: zero-/few-shot through an API or local engine). Accuracy or F1 with CIs in
@@ -127,10 +121,27 @@ def eval_cmd(
     if dry_run:
         _print_dry_run(plan, as_json)
         return
+    _evaluate(cfg, plan, output, address=address, num_cpus=num_cpus, verbose=verbose,
+              as_json=as_json)
+
+
+def evaluate_config(config: Path, output: Path, *, address: str | None = None,
+                    num_cpus: int | None = None, verbose: bool = False,
+                    as_json: bool = False) -> None:
+    """`medray eval --config CONFIG --output OUTPUT` as a plain function (jobs/evaluate.py):
+    the same checks, run directory, console and exit statuses."""
+    cfg = _config(config, None, {})
+    _evaluate(cfg, _plan(cfg, False, shorthand=False), output, address=address,
+              num_cpus=num_cpus, verbose=verbose, as_json=as_json)
+
+
+def _evaluate(cfg: Any, plan: Any, output: Path, *, address: str | None,
+              num_cpus: int | None, verbose: bool, as_json: bool) -> None:
+    """Claim the run directory, run the plan under the console, print the summary."""
     from medray.eval.config import EXECUTION_ONLY
     from medray.eval.runio import RunMismatch, open_run
     from medray.eval.runner import config_record
-    from medray.fsutil import OutputRefused
+    from medray.io import OutputRefused
 
     try:  # claimed (and a resume checked) before the console writes OUTPUT/logs into it
         open_run(output, config_record(cfg), inputs=[cfg.data], ignore=EXECUTION_ONLY)
@@ -200,7 +211,7 @@ def _run(cfg: Any, plan: Any, output: Path, display: Any, address: str | None,
 
     with display.stage(f"evaluate {cfg.split} ({cfg.engine})"):
         if plan.executor == "ray":
-            _init_ray(address, num_cpus)
+            start_ray(address, num_cpus=num_cpus)
         with display.progress() as bars:
             task = bars.add_task("items", total=None, info="")
 
@@ -219,14 +230,9 @@ def _run(cfg: Any, plan: Any, output: Path, display: Any, address: str | None,
     raise AssertionError("unreachable")  # fail() raised
 
 
-def _given(ctx: typer.Context | None, values: dict[str, Any]) -> dict[str, str]:
-    """Option name -> flag, for the options the user set. The CLI records where each value
-    came from, so `--seed 0` counts as given; a plain Python call (jobs/evaluate.py) counts
-    the values that differ from eval_cmd's defaults."""
-    if ctx is None:
-        defaults = inspect.signature(eval_cmd).parameters
-        return {n: "--" + n.replace("_", "-") for n, v in values.items()
-                if v != defaults[n].default}
+def _given(ctx: typer.Context, values: dict[str, Any]) -> dict[str, str]:
+    """Option name -> flag, for the options the user set (the command line records where
+    each value came from, so `--seed 0` counts as given)."""
     flags = {p.name: p.opts[0] for p in ctx.command.params}
     return {n: flags[n] for n in values
             if getattr(ctx.get_parameter_source(n), "name", "DEFAULT") != "DEFAULT"}
@@ -301,7 +307,7 @@ def report_cmd(
     """Paper-style tables (Markdown, CSV, LaTeX) and PNG plots from evaluation runs, generative
     and multiple-choice runs in one table; per-field breakdowns and the items all runs miss."""
     from medray.eval.report import ReportError, write_report
-    from medray.fsutil import OutputRefused
+    from medray.io import OutputRefused
 
     fields = [f.strip() for f in (by or "").split(",") if f.strip()]
     try:
@@ -316,12 +322,13 @@ def report_cmd(
 
 
 def ensemble(
-    runs: list[Path] = typer.Argument(..., help="run directories (predictions.jsonl), the "
-                                      "strongest first: ties go to the earliest listed"),
-    data: Path = typer.Option(..., help="prepared dataset directory the runs answered"),
-    output: Path = typer.Option(..., help="directory for the ensemble row"),
-    split: str = typer.Option("test", help="split to vote on"),
-    seed: int = typer.Option(0, help="bootstrap seed"),
+    runs: Annotated[list[Path], typer.Argument(
+        help="run directories (predictions.jsonl), the "
+        "strongest first: ties go to the earliest listed")],
+    data: Annotated[Path, typer.Option(help="prepared dataset directory the runs answered")],
+    output: Annotated[Path, typer.Option(help="directory for the ensemble row")],
+    split: Annotated[str, typer.Option(help="split to vote on")] = "test",
+    seed: Annotated[int, typer.Option(help="bootstrap seed")] = 0,
 ) -> None:
     """Unweighted majority vote over multiple-choice runs, scored as its own row."""
     from medray.eval.ensemble import majority_vote
@@ -338,11 +345,12 @@ def ensemble(
 
 
 def translate(
-    engine: str = typer.Option(..., help="translation engine, e.g. openai:gpt-4o-mini"),
-    data: Path = typer.Option(..., help="prepared multiple-choice dataset directory"),
-    output: Path = typer.Option(..., help="new prepared dataset directory (language en)"),
-    base_url: str = typer.Option(None, help="API base URL"),
-    cache: Path = typer.Option(None, help="response cache (default as `medray eval --engine`)"),
+    engine: Annotated[str, typer.Option(help="translation engine, e.g. openai:gpt-4o-mini")],
+    data: Annotated[Path, typer.Option(help="prepared multiple-choice dataset directory")],
+    output: Annotated[Path, typer.Option(help="new prepared dataset directory (language en)")],
+    base_url: Annotated[str | None, typer.Option(help="API base URL")] = None,
+    cache: Annotated[Path | None, typer.Option(
+        help="response cache (default as `medray eval --engine`)")] = None,
 ) -> None:
     """Translate questions and options to English (EuropeMedQA protocol), ids preserved."""
     from medray.engines.registry import EngineSpecError, build_engine, parse_spec

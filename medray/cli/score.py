@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from medray.choices import BaselineKind, GroupMapping, MetricMode
+from medray.cli.choices import BaselineKind, GroupMapping, MetricMode
 from medray.console import fail
 
 GEN_METRICS = ("f1", "em", "bleu", "meteor", "sacrebleu_bleu", "chrf")
@@ -168,7 +168,7 @@ def baseline(
             note = f"uniform random guess per kind, seed {seed}"
         else:
             fail(f"--kind for multiple-choice data must be majority or random, got {kind!r}")
-    from medray.fsutil import OutputRefused, check_output, write_jsonl_atomic
+    from medray.io import OutputRefused, check_output, write_jsonl_atomic
 
     try:  # a file output replaces only what is there, but never inside the input
         check_output(out, [data], force=True)

@@ -9,21 +9,16 @@ from typing import Annotated, Any
 
 import typer
 
+from medray.cli.raystart import start_ray
 from medray.console import command_console, fail
-
-
-def _init_ray(address: str | None, num_cpus: int | None) -> None:
-    from medray.raycluster import connect
-
-    connect(address, num_cpus=num_cpus, log_to_driver=False)
 
 
 def _record_placement(app_name: str, logs: Path, display: Any) -> None:
     """Which node each replica started on: LOGS/placement.json and one console line."""
     import datetime
 
-    from medray.fsutil import write_json_atomic
-    from medray.serving.placement import HOW, placement_line, replica_placement
+    from medray.io import write_json_atomic
+    from medray.serve.placement import HOW, placement_line, replica_placement
 
     placement = replica_placement(app_name)
     write_json_atomic(logs / "placement.json", {
@@ -46,8 +41,8 @@ def serve_cmd(
     from pydantic import ValidationError
 
     from medray.config import ConfigError
-    from medray.serve_config import load_serve_file
-    from medray.serving.validation import check_servable
+    from medray.serve.config import load_serve_file
+    from medray.serve.validation import check_servable
 
     try:
         spec = load_serve_file(config)
@@ -60,11 +55,11 @@ def serve_cmd(
         serving = False
         try:
             with display.stage("start Ray Serve and the vLLM replicas"):
-                _init_ray(address, num_cpus)
+                start_ray(address, num_cpus=num_cpus, worker_logs=False)
                 _stop_on_sigterm()
                 from ray import serve
 
-                from medray.serve_app import build_app
+                from medray.serve.app import build_app
 
                 serve.start(http_options={"host": spec.host, "port": spec.port})
                 serve.run(build_app(spec.args), name=spec.name, route_prefix=spec.route_prefix)

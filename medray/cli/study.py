@@ -41,8 +41,8 @@ def context_length(
     BLEU / METEOR with CIs per length, in-domain and cross-domain. Rerunning the same command
     resumes: finished trials and answered items are kept."""
     from medray.config import ConfigError
-    from medray.fsutil import OutputRefused, claim_directory
-    from medray.study import parse_lengths, sweep_plan
+    from medray.io import OutputRefused, claim_directory
+    from medray.tune.study import parse_lengths, sweep_plan
 
     if (config is None) == (eval_only is None):
         fail("give --config (train at each length) or --eval-only MODEL, not both")
@@ -86,15 +86,16 @@ def _resumed(output: Path, budgets: list[int]):
 
 def _run(plan, budgets, eval_only, data_dir, output, display, splits, engine, limit,
          resamples, resume) -> None:
-    from medray.raycluster import StorageNotShared, connect
-    from medray.study import evaluate_lengths, trained_models, write_tables
+    from medray.cli.raystart import start_ray
+    from medray.cluster import StorageNotShared
     from medray.tune.outputs import SweepFailed
     from medray.tune.plan import local_cpus
+    from medray.tune.study import evaluate_lengths, trained_models, write_tables
     from medray.tune.sweep import preflight_sweep, run_sweep
 
     if plan is not None:
         preflight_sweep(plan, display.print)
-        connect(min_cpus=local_cpus(plan))
+        start_ray(min_cpus=local_cpus(plan))
         with display.stage(f"train at {len(budgets)} lengths (Ray Tune grid)"):
             try:
                 run_sweep(plan, resume=resume, log=display.print, preflight=False)
@@ -108,7 +109,7 @@ def _run(plan, budgets, eval_only, data_dir, output, display, splits, engine, li
             fail(f"no finished training run for {missing} tokens (see {plan.output}/trials.csv)",
                  code=1)
     else:
-        connect(min_cpus=2)
+        start_ray(min_cpus=2)
         models = {n: (eval_only, None) for n in budgets}
     with display.stage("evaluate each length"):
         runs = evaluate_lengths(models, data_dir, output, splits=splits, engine=engine,

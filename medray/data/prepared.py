@@ -16,7 +16,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from medray.fsutil import atomic_directory
+from medray.io import atomic_directory
 
 MANIFEST = "manifest.json"
 EXAMPLES = "examples.parquet"

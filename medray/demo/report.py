@@ -17,7 +17,7 @@ from medray.demo.config import DemoConfig
 from medray.demo.html import to_html
 from medray.demo.machine import describe_machine, machine_line
 from medray.eval.report import load_run, to_markdown, write_report
-from medray.fsutil import atomic_file, write_json_atomic, write_text_atomic
+from medray.io import atomic_file, write_json_atomic, write_text_atomic
 
 METRICS = ("f1", "em", "bleu", "meteor")
 LABELS = {"majority": "majority baseline (train-split majority answer)",

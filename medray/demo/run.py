@@ -3,7 +3,7 @@
 Reads top to bottom:
 1. synthesise MedQARo-like CSVs (released format) and prepare them (validate, normalise);
 2. build a tiny random-init Llama; its tokenizer sees TRAIN-split text only;
-3. pre-train the tiny base on TRAIN epicrises (unlabelled text; see medray/pretrain.py);
+3. pre-train the tiny base on TRAIN epicrises (unlabelled text; see medray/demo/pretrain.py);
 4. fine-tune LoRA on Ray Train: Ray Data example assembly, 2 workers, DeepSpeed ZeRO-2;
 5. evaluate the majority baseline, then serve the pre-trained base on Ray Serve (vLLM
    replica) and evaluate it zero-shot with evaluation actors, in-domain (held-out test
@@ -27,7 +27,7 @@ from medray.console import Display
 from medray.demo.config import DEFAULT_DEMO_CONFIG, DemoConfig, load_demo_config
 from medray.demo.memory import MemoryPeak
 from medray.demo.systems import SystemEvaluator, fine_tuned_model, model_dirs, serving
-from medray.fsutil import claim_directory
+from medray.io import claim_directory
 
 STAGES = 7
 
@@ -55,7 +55,7 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
                       f"{cfg.tiny_model.hidden_size} hidden, in {base}")
 
     with stage(3, "pre-train the tiny base on train epicrises"):
-        from medray.pretrain import pretrain_tiny_base
+        from medray.demo.pretrain import pretrain_tiny_base
 
         pre = pretrain_tiny_base(base, split_contexts(data, "train"),
                                  steps=cfg.pretrain.steps, lr=cfg.pretrain.lr,
@@ -153,7 +153,7 @@ def build_base(cfg: DemoConfig, data: Any, out: Path, seed: int) -> Path:
 
 def init_ray(address: str | None) -> str:
     """Join RAY_ADDRESS/--address, or start a local Ray with its dashboard."""
-    from medray.raycluster import connect
+    from medray.cluster import connect
 
     ctx = connect(address, dashboard=True)
     if ctx is None:

@@ -50,8 +50,8 @@ def serving(cfg: DemoConfig, train_cfg: Any, output: Path, name: str, model: Pat
     from ray import serve
     from ray.serve.context import _get_global_client
 
-    from medray.serve_app import build_app
-    from medray.serve_config import AppConfig, Replicas
+    from medray.serve.app import build_app
+    from medray.serve.config import AppConfig, Replicas
 
     # A random per-run bearer key: the replicas read it from a 0600 file (they do not see
     # this process's environment); the evaluation driver hands it to its actors.

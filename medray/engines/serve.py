@@ -1,4 +1,4 @@
-"""HTTP client engine for medray's own Serve endpoint (medray/serve_app.py).
+"""HTTP client engine for medray's own Serve endpoint (medray/serve/app.py).
 
 `generate` and `score_options` use the OpenAI-compatible /v1/completions route (log-probs
 of generated tokens; prompt log-probs for option scoring); `qa` and `mcq` call the QA
@@ -105,8 +105,8 @@ class ServeEngine:
     def mcq(self, item: dict[str, Any], shots: Sequence[dict] = (),
             max_new_tokens: int | None = None) -> dict[str, Any]:
         """One prepared multiple-choice item through /v1/mcq (its dataset's prompt)."""
-        from medray.datasets import dataset_spec
-        from medray.eval.mcq import question_id
+        from medray.data.registry import dataset_spec
+        from medray.prompts.text import question_id
 
         payload: dict[str, Any] = {
             "question": item["question"], "kind": item["kind"], "dataset": item["dataset"],

@@ -24,7 +24,7 @@ CPU_ENV = {
 # The offline engine's core and model runner in the caller's process: on CPU, vLLM's own
 # engine-core and worker processes only compete for the same cores, and each imports torch
 # and vLLM again (the tiny model's engine started in 31 s with them, 13 s without; same
-# answers). Serve's CPU replicas do the same through medray.serving.inproc, switched by
+# answers). Serve's CPU replicas do the same through medray.serve.inproc, switched by
 # SERVE_INPROC_ENV in their runtime env ("0": vLLM's engine-core and worker processes).
 IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 SERVE_INPROC_ENV = "MEDRAY_SERVE_VLLM_INPROC"

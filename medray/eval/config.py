@@ -29,7 +29,7 @@ from pydantic import Field, ValidationError, model_validator
 
 from medray.config import Strict, load_yaml
 from medray.engines.registry import EngineSpec, parse_spec
-from medray.prompts import PromptOverride, PromptSpec, moved_prompt_keys
+from medray.prompts.spec import PromptOverride, PromptSpec, moved_prompt_keys
 
 __all__ = ["EngineSpec", "EvalConfig", "ScoreSpec", "engine_config", "load_eval_config"]
 

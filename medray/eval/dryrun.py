@@ -4,9 +4,8 @@ text), the item count and a token/cost estimate. It never builds an engine."""
 from __future__ import annotations
 
 from medray.engines.accounting import PRICES_AS_OF, cost_usd, estimate_tokens
-from medray.eval import mcq
 from medray.eval.plan import EvalPlan
-from medray.prompts import medqaro_prompt
+from medray.prompts.text import example_dict, medqaro_prompt, render
 
 IMAGE_TOKENS_ESTIMATE = 1600  # per image, dry-run estimate only (providers differ)
 
@@ -17,8 +16,8 @@ def dry_run_report(plan: EvalPlan, show: int = 2) -> dict:
     items = plan.items
     if data.kind == "mcq":
         for i, row in enumerate(items.to_dict("records")):
-            ex = mcq.example_dict(row)
-            p = mcq.render(ex, plan.shots, cfg.group_as_multiple)
+            ex = example_dict(row)
+            p = render(ex, plan.shots, cfg.group_as_multiple)
             in_tok += estimate_tokens(p.text) + IMAGE_TOKENS_ESTIMATE * len(ex["images"])
             out_tok += plan.budget(ex)
             n_images += len(ex["images"])

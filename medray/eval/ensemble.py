@@ -18,7 +18,8 @@ from medray.data.prepared import load_prepared
 from medray.eval import runio
 from medray.eval.config import ScoreSpec
 from medray.eval.finish import score_items
-from medray.eval.mcq import example_dict, extract
+from medray.eval.mcq import extract
+from medray.prompts.text import example_dict
 
 TIE_RULE = "earliest listed run among the tied answers"
 

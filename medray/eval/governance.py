@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from medray.datasets import DATASETS
+from medray.data.registry import DATASETS
 from medray.engines.registry import EngineSpec, parse_spec
 
 # The datasets whose DatasetSpec says clinical text.

@@ -14,10 +14,10 @@ import numpy as np
 import pandas as pd
 
 from medray.data.prepared import PreparedData, load_prepared
-from medray.eval import mcq
 from medray.eval.config import EvalConfig
 from medray.eval.governance import GovernanceError, check_external_use
-from medray.prompts import PromptSpec
+from medray.prompts.spec import PromptSpec
+from medray.prompts.text import protocol_budget, shot_sets
 
 CALL = 16  # items per engine call
 PATIENT_CALL = 128  # at most this many of one patient's questions per call (E+Q+A)
@@ -40,12 +40,11 @@ class EvalPlan:
         return self.cfg.prompt or PromptSpec()
 
     def budget(self, ex: Any = None) -> int:
-        """Generation budget: the configured one, else the item's dataset and kind's."""
-        if self.max_new_tokens:
-            return self.max_new_tokens
-        if ex is None or self.data.kind == "generative":
-            return self.prompt.max_new_tokens
-        return mcq.max_new_tokens(ex, self.cfg.group_as_multiple)
+        """Generation budget (PromptSpec.new_tokens): the configured one, else a
+        multiple-choice item's protocol budget, else the prompt's."""
+        protocol = (None if ex is None or self.data.kind == "generative"
+                    else protocol_budget(ex, self.cfg.group_as_multiple))
+        return self.prompt.new_tokens(self.max_new_tokens, protocol)
 
     @property
     def asked(self) -> pd.DataFrame:
@@ -120,7 +119,7 @@ def plan_eval(cfg: EvalConfig, *, engine: Any = None, dry_run: bool = False) -> 
     if data.kind == "mcq" and spec.kind == "serve" and cfg.group_as_multiple:
         raise ValueError("group_as_multiple: Serve's /v1/mcq asks items as their own kind")
     if data.kind == "mcq" and spec.kind != "baseline":
-        plan.shots = mcq.shot_sets(data.examples, list(items["kind"]), shots, cfg.seed)
+        plan.shots = shot_sets(data.examples, list(items["kind"]), shots, cfg.seed)
         images_ok = (getattr(engine, "supports_images", False) if engine is not None
                      else spec.entry.images)
         if not images_ok:

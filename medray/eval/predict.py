@@ -3,9 +3,9 @@ evaluation, the same in an evaluation actor (medray/eval/actors.py) and in-proce
 
 How each engine kind is asked:
 - generative, Serve: the QA route (`/v1/qa`), which trims as training did;
-- generative, local model (vllm, hf): the prompt strategies of medray/strategies.py;
+- generative, local model (vllm, hf): the prompt strategies of medray/prompts/strategies.py;
 - generative, chat API: the whole epicrisis (the papers' API baselines did no trimming);
-- multiple choice: the prompt of medray/eval/mcq.py (Serve through its `/v1/mcq` route with
+- multiple choice: the prompt of medray/prompts/text.py (Serve through its `/v1/mcq` route with
   the item's dataset, chat APIs as system/user pair with the item's images);
 - baselines: the rows `medray baseline` writes for the split, served per item.
 """
@@ -18,7 +18,15 @@ from typing import Any
 from medray.eval import mcq
 from medray.eval.config import EvalConfig
 from medray.eval.runio import prediction_row
-from medray.prompts import PromptSpec
+from medray.prompts.spec import PromptSpec
+from medray.prompts.text import (
+    asked_kind,
+    example_dict,
+    meta_dict,
+    prompt_text,
+    protocol_budget,
+    render,
+)
 
 
 def baseline_rows(cfg: EvalConfig, data: Any) -> list[dict]:
@@ -85,14 +93,14 @@ class Predictor:
             if self.spec.external or not hasattr(self.engine, "tokenizer"):
                 return self._whole_context(examples)
             return self._strategies(examples)
-        items = [mcq.example_dict(ex) for ex in examples]
+        items = [example_dict(ex) for ex in examples]
         if hasattr(self.engine, "mcq"):
             return [self._serve_mcq(ex) for ex in items]
         return self._mcq(items)
 
     # ----------------------------------------------------------------- generative
     def _generative_budget(self) -> int:
-        return self.max_new_tokens or self.prompt.max_new_tokens
+        return self.prompt.new_tokens(self.max_new_tokens)
 
     def _serve_qa(self, ex: Mapping[str, Any]) -> dict[str, Any]:
         # Every prompt setting is sent: Serve then prompts exactly as this run says (the
@@ -107,7 +115,7 @@ class Predictor:
 
     def _strategies(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The examples' prompts (per the long-context strategy) in one engine call."""
-        from medray.strategies import run_strategies
+        from medray.prompts.strategies import run_strategies
 
         p, budget = self.prompt, self._generative_budget()
         if budget != p.max_new_tokens:
@@ -124,7 +132,7 @@ class Predictor:
                 for ex, res in zip(examples, results, strict=True)]
 
     def _whole_context(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        from medray.prompts import medqaro_prompt
+        from medray.prompts.text import medqaro_prompt
 
         prompts = [medqaro_prompt(ex["question"], self.data.context(ex["context_id"]))
                    for ex in examples]
@@ -143,14 +151,15 @@ class Predictor:
 
     # ------------------------------------------------------------ multiple choice
     def _mcq_fields(self, ex: dict, n_images_sent: int = 0) -> dict[str, Any]:
-        asked = mcq.asked_kind(ex, self.cfg.group_as_multiple)
+        asked = asked_kind(ex, self.cfg.group_as_multiple)
         return {"kind": ex["kind"], "language": ex.get("language"),
                 "n_images_sent": n_images_sent,
                 "prompt_format": f"mcq:{ex['dataset']}:{ex['kind']}:asked-{asked}:"
                                  f"{self.prompt.shots}shot"}
 
     def _budget(self, ex: dict) -> int:
-        return self.max_new_tokens or mcq.max_new_tokens(ex, self.cfg.group_as_multiple)
+        return self.prompt.new_tokens(self.max_new_tokens,
+                                      protocol_budget(ex, self.cfg.group_as_multiple))
 
     def _serve_mcq(self, ex: dict) -> dict[str, Any]:
         res = self.engine.mcq(ex, self.shots.get(str(ex["kind"]), ()),
@@ -161,7 +170,7 @@ class Predictor:
 
     def _mcq(self, items: list[dict]) -> list[dict[str, Any]]:
         is_api = hasattr(self.engine, "chat")
-        prompts = [mcq.render(ex, self.shots, self.cfg.group_as_multiple) for ex in items]
+        prompts = [render(ex, self.shots, self.cfg.group_as_multiple) for ex in items]
         gens: list[Any] = [None] * len(items)
         by_budget: dict[int, list[int]] = {}  # one call per output budget: each is minimal
         for i, ex in enumerate(items):
@@ -172,12 +181,12 @@ class Predictor:
 
                 reqs = [ChatRequest(prompts[i].system, prompts[i].user,
                                     tuple(items[i]["images"]),
-                                    mcq.meta_dict(items[i].get("meta")).get("image_root"))
+                                    meta_dict(items[i].get("meta")).get("image_root"))
                         for i in idx]
                 res = self.engine.chat(reqs, max_new_tokens=budget)
             else:
                 tok = getattr(self.engine, "tokenizer", None)
-                res = self.engine.generate([mcq.prompt_text(prompts[i], tok, self.prompt)
+                res = self.engine.generate([prompt_text(prompts[i], tok, self.prompt)
                                             for i in idx],
                                            max_new_tokens=budget)
             for i, gen in zip(idx, res, strict=True):

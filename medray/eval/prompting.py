@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from medray.eval.config import EngineSpec, EvalConfig
-from medray.prompts import PromptSpec, load_prompt_spec, resolve_prompt
+from medray.prompts.spec import PromptSpec, load_prompt_spec, resolve_prompt
 
 
 def _local_spec(path: str | None) -> PromptSpec | None:

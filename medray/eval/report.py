@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from medray.fsutil import atomic_directory, check_output
+from medray.io import atomic_directory, check_output
 
 GEN = ("f1", "em", "bleu", "meteor")
 MCQ = ("accuracy", "conforming_rate")

@@ -14,8 +14,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-# write_*_atomic live in medray.fsutil; re-exported for the evaluation modules.
-from medray.fsutil import (  # noqa: F401
+# write_*_atomic live in medray.io; re-exported for the evaluation modules.
+from medray.io import (  # noqa: F401
     atomic_file,
     check_output,
     claim_directory,

@@ -23,7 +23,7 @@ import pyarrow as pa
 from medray.data.prepared import PreparedData, load_prepared, write_prepared
 from medray.data.schema import MCQ_SCHEMA
 from medray.engines.accounting import estimate_tokens
-from medray.eval.mcq import example_dict
+from medray.prompts.text import example_dict
 
 LANGUAGE_NAMES = {"it": "Italian", "fr": "French", "es": "Spanish", "pt": "Portuguese",
                   "ro": "Romanian", "en": "English"}

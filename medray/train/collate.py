@@ -21,7 +21,7 @@ import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from medray.tokenization import IGNORE_INDEX
+from medray.prompts.tokens import IGNORE_INDEX
 
 BATCHING = ("pad", "group", "pack")
 

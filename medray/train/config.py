@@ -12,12 +12,12 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from medray.config import ConfigError, read_yaml, validate
+from medray.config import ConfigError, load_yaml, validate
 from medray.config import Strict as _Strict
 from medray.config import apply_overrides as apply_overrides
 from medray.config import format_errors as format_errors
 from medray.config import parse_override as parse_override
-from medray.prompts import TRAIN_STRATEGIES, PromptSpec, moved_prompt_keys
+from medray.prompts.spec import TRAIN_STRATEGIES, PromptSpec, moved_prompt_keys
 
 
 class ModelConfig(_Strict):
@@ -58,7 +58,7 @@ class DataConfig(_Strict):
     val_generate_examples: int = Field(32, ge=0)
     shuffle_buffer: int = Field(256, ge=0)
     # Ray Data actor pool size, used when there is too much text to tokenise in-process
-    # (medray.tokenization.tokenize_contexts says when).
+    # (medray.train.data.tokenize_contexts says when).
     tokenize_actors: int = Field(2, ge=1)
 
 
@@ -103,7 +103,7 @@ class ScalingConfig(_Strict):
 
     def local_cpus(self) -> float:
         """Logical CPUs a local Ray needs for the run: the Train workers plus room for the
-        driver and Ray Data's tasks (`min_cpus` of medray.raycluster.connect)."""
+        driver and Ray Data's tasks (`min_cpus` of medray.cluster.connect)."""
         return self.num_workers * self.cpus_per_worker + 2
 
 
@@ -157,7 +157,8 @@ REQUIRED_PATHS = {("model", "name_or_path"): "PATH (a model folder or hub id)",
                   ("data", "path"): "DIR (a `medray data prepare` output)"}
 
 
-def validate_config(raw: dict, source: str = "<config>") -> TrainConfig:
+def check_raw(raw: dict, source: str) -> None:
+    """What a TrainConfig cannot say about itself: keys that moved, paths left unset."""
     moved = moved_prompt_keys(raw.get("data"), ("prompt_format", "context_tokens",
                                                 "max_new_tokens", "mode"), "data.")
     if moved:
@@ -166,13 +167,16 @@ def validate_config(raw: dict, source: str = "<config>") -> TrainConfig:
         if (raw.get(section) or {}).get(key) in (None, ""):
             raise ConfigError(f"{source}: {section}.{key} is not set: pass "
                               f"{section}.{key}={what} after the command's options")
+
+
+def validate_config(raw: dict, source: str = "<config>") -> TrainConfig:
+    check_raw(raw, source)
     return validate(TrainConfig, raw, source)
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
     """Read YAML, apply dotted `key=value` overrides, validate."""
-    raw = apply_overrides(read_yaml(path), overrides or [])
-    return validate_config(raw, str(path))
+    return load_yaml(TrainConfig, path, overrides, check=check_raw)
 
 
 def peft_lora_config(cfg: TrainConfig, targets: str | list[str]) -> Any:

@@ -30,7 +30,7 @@ from medray.train.step import eval_loss, train_step
 
 
 def _epoch_batches(shard: Any, cfg: TrainConfig, pad_id: int, epoch: int) -> Any:
-    from medray.tokenization import iter_rows_from_batches
+    from medray.train.data import iter_rows_from_batches
 
     d = cfg.data
     window = cfg.optim.micro_batch_size * (1 if d.batching == "pad" else d.group_window)
@@ -122,7 +122,7 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: RunPlan, tokenize
 
 
 def _rows(shard: Any) -> Any:
-    from medray.tokenization import iter_rows_from_batches
+    from medray.train.data import iter_rows_from_batches
 
     return iter_rows_from_batches(shard.iter_batches(batch_size=32, batch_format="numpy"))
 

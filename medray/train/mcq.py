@@ -1,7 +1,7 @@
 """Multiple-choice fine-tuning examples: the benchmark's own prompt, the key as the target.
 
 An item's prompt is exactly what evaluation sends a text-completion engine
-(`medray.eval.mcq.render` + `prompt_text` under the run's PromptSpec, no shots), so the
+(`medray.prompts.text.render` + `prompt_text` under the run's PromptSpec, no shots), so the
 fine-tuned model is asked at test time as it was taught. The target is the reply the
 protocol asks for: the key letters in canonical order ("B", "ACD"; EuropeMedQA prefixes the
 question id, "IT0001: A") plus EOS; the loss is on the target only. Validation reads the
@@ -17,11 +17,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from medray.datasets import dataset_spec
-from medray.eval.mcq import example_dict, max_new_tokens, prompt_text, question_id, read_answer
-from medray.eval.mcq import render as render_item
-from medray.prompts import PromptSpec
-from medray.tokenization import IGNORE_INDEX, BudgetError
+from medray.data.registry import dataset_spec
+from medray.eval.mcq import read_answer
+from medray.prompts.spec import PromptSpec
+from medray.prompts.text import example_dict, prompt_text, protocol_budget, question_id
+from medray.prompts.text import render as render_item
+from medray.prompts.tokens import IGNORE_INDEX, BudgetError
 
 
 def target_text(ex: dict) -> str:
@@ -76,7 +77,7 @@ def val_generate_items(tokenizer: Any, items: pd.DataFrame, spec: PromptSpec) ->
         keep = {k: ex[k] for k in ("id", "dataset", "kind", "options", "answer")}
         keep["meta"] = record.get("meta")
         out.append({"id": ex["id"], "mcq": keep, "prompt_ids": prompt_ids(tokenizer, ex, spec),
-                    "max_new_tokens": max_new_tokens(ex)})
+                    "max_new_tokens": spec.new_tokens(None, protocol_budget(ex))})
     return out
 
 

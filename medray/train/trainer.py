@@ -52,7 +52,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
         load_tokenizer,
         meta_model,
     )
-    from medray.tokenization import answer_ids, check_budget, prompt_pieces
+    from medray.prompts.tokens import answer_ids, check_budget, prompt_pieces
 
     # Workers do not share the driver's working directory: make local paths absolute.
     if Path(cfg.model.name_or_path).exists():
@@ -152,7 +152,7 @@ def _val_generate_items(cfg: TrainConfig, ids: list[str], contexts: dict) -> lis
     """The fixed validation subset: trimmed prompt ids (same code as serving) + answer."""
     from medray.data.prepared import load_prepared
     from medray.models import load_tokenizer
-    from medray.tokenization import build_prompt_ids
+    from medray.prompts.tokens import build_prompt_ids
 
     if not ids:
         return []
@@ -212,7 +212,7 @@ def _datasets(cfg: TrainConfig, plan: RunPlan, contexts: dict,
     import ray
 
     from medray.data.prepared import load_prepared
-    from medray.tokenization import ExampleAssembler, examples_dataset
+    from medray.train.data import ExampleAssembler, examples_dataset
 
     train = examples_dataset(cfg.data.path, cfg.data.train_split, cfg.model.name_or_path,
                              contexts_ref, cfg.prompt, ids=plan.train_ids)
@@ -274,14 +274,14 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
     medray.console.Display to draw the training progress bar on."""
     import ray
 
-    from medray.raycluster import check_shared_storage, require_connected
-    from medray.tokenization import tokenize_contexts
+    from medray.cluster import check_shared_storage, require_connected
     from medray.train.checkpoints import export_adapter, load_state
+    from medray.train.data import tokenize_contexts
     from medray.train.progress import TrainingBoard
 
     output = Path(output)
     checked = preflight(cfg)
-    from medray.fsutil import claim_directory
+    from medray.io import claim_directory
 
     require_connected("training")  # joined by the entry point, with scaling.local_cpus()
     # Workers on other nodes write checkpoints there and the driver exports from there.
@@ -352,7 +352,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
         "plan": plan.summary(),
         "config": cfg.model_dump(mode="json"),
     }
-    from medray.fsutil import write_json_atomic
+    from medray.io import write_json_atomic
 
     write_json_atomic(output / "metrics.json", metrics)
     return metrics

@@ -15,7 +15,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from medray.fsutil import atomic_file
+from medray.io import atomic_file
 from medray.tune.space import clean_value
 
 TRIALS_CSV = "trials.csv"

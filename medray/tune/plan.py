@@ -193,5 +193,5 @@ def max_concurrency(plan: SweepPlan) -> int:
 
 def local_cpus(plan: SweepPlan) -> float:
     """Logical CPUs a local Ray needs for the sweep: every concurrent trial's driver and Train
-    workers, plus room for Ray Data's tasks (medray.raycluster.connect's `min_cpus`)."""
+    workers, plus room for Ray Data's tasks (medray.cluster.connect's `min_cpus`)."""
     return per_trial_resources(plan)["CPU"] * (plan.max_concurrent_trials or 1) + 2

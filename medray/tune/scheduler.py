@@ -21,7 +21,7 @@ from typing import Any
 
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 
-from medray.fsutil import write_text_atomic
+from medray.io import write_text_atomic
 
 
 class FinalEpochASHA(ASHAScheduler):

@@ -30,7 +30,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, model_validator
 
-from medray.config import ConfigError, Strict, apply_overrides, read_yaml, validate
+from medray.config import ConfigError, Strict, apply_overrides, load_yaml, validate
 
 
 class Param(Strict):
@@ -158,7 +158,7 @@ class Space(Strict):
 
 
 def load_space(path: str | os.PathLike) -> Space:
-    return parse_space(read_yaml(path, "search space"), str(path))
+    return load_yaml(Space, path, what="search space")
 
 
 def parse_space(raw: dict, source: str = "<space>") -> Space:
@@ -221,7 +221,7 @@ def apply_params(raw: dict, params: dict[str, Any]) -> dict:
 
 def check_keys(space: Space, source: str = "<space>") -> None:
     """Every `fixed` and `params` key is a field of the training config (TrainConfig)."""
-    from medray.prompts import moved_prompt_keys
+    from medray.prompts.spec import moved_prompt_keys
     from medray.train.config import TrainConfig
 
     keys = {**{k: "fixed" for k in space.fixed}, **{k: "params" for k in space.params}}

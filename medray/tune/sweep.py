@@ -99,7 +99,7 @@ def _trainable(plan: SweepPlan) -> Any:
 
 
 def _write_spec(plan: SweepPlan) -> None:
-    from medray.fsutil import write_text_atomic
+    from medray.io import write_text_atomic
 
     write_text_atomic(plan.output / SPEC_FILE, json.dumps(plan.to_json(), indent=2))
 
@@ -145,12 +145,12 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print,
               best_if_partial: bool = False, callbacks: list | None = None,
               preflight: bool = True) -> Any:
     """Run (or resume) the sweep and write the outputs; returns medray.tune.outputs.Summary.
-    Ray is joined by the caller (medray.raycluster.connect with plan.local_cpus).
+    Ray is joined by the caller (medray.cluster.connect with plan.local_cpus).
     `callbacks`: extra Tune callbacks on the driver (the console's trial progress);
     `preflight=False`: the caller ran preflight_sweep already (before joining Ray)."""
     from ray import tune
 
-    from medray.raycluster import check_shared_storage, require_connected
+    from medray.cluster import check_shared_storage, require_connected
     from medray.tune.outputs import write_outputs
 
     if preflight:

@@ -52,12 +52,12 @@ class ReportToTune(TuneReportCallback):
 def _quiet_fast_data() -> None:
     """Ray Data settings for the datasets this trial process builds (each Dataset keeps the
     DataContext it was created under, so the Train workers' pipelines get them too): the
-    small-data Parquet reader (see medray.raycluster) and no progress bars (Tune's status
+    small-data Parquet reader (see medray.cluster) and no progress bars (Tune's status
     table reports the trials; per-trial bars interleaved in one log only hide it).
     """
     from ray.data import DataContext
 
-    from medray.raycluster import use_small_data_reader
+    from medray.cluster import use_small_data_reader
 
     use_small_data_reader()
     DataContext.get_current().enable_progress_bars = False

@@ -92,7 +92,7 @@ class SynonymSource:
 
 
 def _atomic_pickle(obj: object, path: Path) -> None:
-    from medray.fsutil import write_bytes_atomic
+    from medray.io import write_bytes_atomic
 
     try:
         write_bytes_atomic(path, pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL))

@@ -1,0 +1,49 @@
+"""Every use of Ray's private APIs, in one place: the pieces of Ray's LLM serving stack
+that the Serve app extends but `ray.serve.llm` does not export.
+
+Checked against Ray 2.60.0 (the version pyproject.toml pins); private modules move between
+Ray releases, so a Ray upgrade re-checks this module and nothing else. Everything except
+`CallbackBase` is imported inside a function: the vLLM engine class imports vLLM, which
+only replicas load.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+# The base class of an LLMConfig `callback_config.callback_class` (no public export).
+from ray.llm._internal.common.callbacks.base import CallbackBase
+
+RAY_VERSION_CHECKED = "2.60.0"
+
+__all__ = ["RAY_VERSION_CHECKED", "CallbackBase", "disk_multiplex_config",
+           "engine_class_overridden", "openai_sse_packet", "vllm_engine_class"]
+
+
+def disk_multiplex_config(**fields: Any) -> Any:
+    """What a LoRA `model_downloader` returns for an adapter folder on local disk."""
+    from ray.llm._internal.serve.core.configs.llm_config import DiskMultiplexConfig
+
+    return DiskMultiplexConfig(**fields)
+
+
+def engine_class_overridden() -> bool:
+    """Whether the replica's environment names its own engine class (Ray's override)."""
+    from ray.llm._internal.serve.constants import RAYLLM_VLLM_ENGINE_CLS_ENV
+
+    return bool(os.environ.get(RAYLLM_VLLM_ENGINE_CLS_ENV))
+
+
+def vllm_engine_class() -> type:
+    """ray.serve.llm's vLLM engine (imports vLLM)."""
+    from ray.llm._internal.serve.engines.vllm.vllm_engine import VLLMEngine
+
+    return VLLMEngine
+
+
+def openai_sse_packet(item: Any) -> str:
+    """One streamed response as the server-sent event(s) Ray's own OpenAI ingress writes."""
+    from ray.llm._internal.serve.core.ingress.utils import _apply_openai_json_format
+
+    return _apply_openai_json_format(item)
