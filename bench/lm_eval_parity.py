@@ -80,7 +80,7 @@ def prepare(dataset: str, work: Path, scale: str | None = None) -> Path:
 
 def single_items(data_dir: Path, n: int) -> list[dict]:
     from medray.data.prepared import load_prepared
-    from medray.eval.mcq import example_dict
+    from medray.prompts.text import example_dict
 
     test = load_prepared(data_dir).split("test")
     test = test[test["kind"] == "single"].head(n)
