@@ -109,10 +109,14 @@ def engine_config(engine: str, data: str | Path, *, base_url: str | None = None,
 
         if json.loads((Path(data) / "manifest.json").read_text()).get("kind") == "mcq":
             by = ["language", "modality"]
-    shots = fields.pop("shots", 0)
+    prompt: dict[str, Any] = {}  # only what the flags set: the rest stays the model's own
+    if shots := fields.pop("shots", 0):
+        prompt["shots"] = shots
+    if (chat_template := fields.pop("chat_template", None)) is not None:
+        prompt["chat_template"] = chat_template
     try:
-        if shots:
-            fields["prompt"] = PromptSpec(shots=shots)
+        if prompt:
+            fields["prompt"] = PromptSpec(**prompt)
         return EvalConfig(data=Path(data), engine=spec, seed=seed,
                           score=ScoreSpec(modes=["medqaro"], by=by, seed=seed), **fields)
     except ValidationError as err:
