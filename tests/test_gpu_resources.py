@@ -40,8 +40,14 @@ def test_vllm_actors_reserve_their_gpus(tmp_path):
 
     cpu = _eval_cfg(tmp_path, kind="vllm", model="m")
     assert "num_gpus" not in worker_class(cpu, 1)._default_options
+    # A model on CPU: one actor by default, holding the cores it is given (engine.cpus wins).
+    assert cpu.actor_count == 1 and gpu.actor_count == 2
+    assert worker_class(cpu, 1, 4)._default_options["num_cpus"] == 4
+    pinned = _eval_cfg(tmp_path, kind="hf", model="m", cpus=3)
+    assert pinned.engine.runs_on_cpu and pinned.engine.actor_options(8) == {"num_cpus": 3}
     serve = _eval_cfg(tmp_path, kind="serve", url="http://x")
     assert worker_class(serve, 1)._default_options["num_cpus"] == 0.25
+    assert serve.actor_count == 2 and not serve.engine.runs_on_cpu
     with pytest.raises(ValueError, match="tensor_parallel_size"):
         _eval_cfg(tmp_path, kind="vllm", model="m", tensor_parallel_size=2)
 

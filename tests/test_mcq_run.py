@@ -193,6 +193,13 @@ def test_api_engine_gets_images_in_order_and_resumed_run_makes_no_calls(
         run_external_eval("anthropic:other", europemedqa_prepared, tmp_path / "run", **kw)
 
 
+def test_engine_flags_set_only_the_prompt_fields_given(europemedqa_prepared):
+    plain = engine_config("hf:m", europemedqa_prepared)
+    assert plain.prompt is None  # the model's own prompt, chat template "auto"
+    forced = engine_config("hf:m", europemedqa_prepared, chat_template=False, shots=0)
+    assert forced.model_dump(mode="json")["prompt"] == {"chat_template": False}
+
+
 def test_dry_run_calls_nothing(europemedqa_prepared, tmp_path):
     with FakeOpenAI() as server:
         result = CliRunner().invoke(app, [
@@ -276,7 +283,9 @@ def test_real_europemedqa_slice_with_tiny_local_model(shared_data, tiny_model, t
     m = {**saved, **_mcq(saved)}  # the run's record and its multiple-choice score
     lines = result.output.splitlines()
     assert (f"hf:{tiny_model} on europemedqa split test, n=30 (seeded sample 30 of 1060, "
-            "seed 0); prompt: mcq prompt per kind (europemedqa), 0-shot") in result.output
+            "seed 0); prompt: mcq prompt per kind (europemedqa), 0-shot; the model's chat "
+            "template") in " ".join(result.output.split())  # auto: the tiny model has one
+    assert saved["run"]["prompt_spec"]["chat_template"] is True  # what auto became
     acc_line = next(x for x in lines if x.startswith("accuracy "))  # accuracy with its CI
     assert "all-correct rule" in acc_line
     assert ("[95% CI" if m["n_conforming"] else "n/a (nothing to average)") in acc_line

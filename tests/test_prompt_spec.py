@@ -30,7 +30,7 @@ def tok(tiny_model):
 def test_defaults_are_the_reference_and_validation_is_strict():
     spec = PromptSpec()
     assert (spec.format, spec.context_tokens, spec.max_new_tokens, spec.strategy,
-            spec.chat_template, spec.shots) == ("qea", 2048, 10, "trim", False, 0)
+            spec.chat_template, spec.shots) == ("qea", 2048, 10, "trim", "auto", 0)
     assert spec.reserve is None and spec.answer_reserve == 10  # reserve = max_new_tokens
     assert PromptSpec(max_new_tokens=24).answer_reserve == 24
     assert PromptSpec(max_new_tokens=24, reserve=3).answer_reserve == 3
@@ -85,10 +85,14 @@ def test_chat_template_is_applied_in_one_place(tok):
     from medray.prompts.tokens import build_prompt_ids, encode_context
 
     chat = ChatPrompt(system="S", user="U")
-    assert prompt_text(chat, tok, PromptSpec()) == chat.text  # the papers used none
+    assert prompt_text(chat, tok, PromptSpec(chat_template=False)) == chat.text  # the papers
     templated = prompt_text(chat, tok, PromptSpec(chat_template=True))
-    assert templated == tok.apply_chat_template(chat.messages(), tokenize=False,
-                                                add_generation_prompt=True)
+    # The template's BOS is left to the tokenizer, which adds it on encoding: one BOS.
+    full = tok.apply_chat_template(chat.messages(), tokenize=False, add_generation_prompt=True)
+    assert full.startswith(tok.bos_token) and templated == full[len(tok.bos_token):]
+    assert tok.encode(templated).count(tok.bos_token_id) == 1
+    # The tiny model's template renders the bare prompt: "auto" (the default) reads the same.
+    assert prompt_text(chat, tok, PromptSpec()) == templated == chat.text
     # MedQARo prompts too: the template wraps question + epicrisis, trimmed as usual. The
     # tiny model's template renders the bare prompt (BOS + text): the same ids, one BOS.
     context = encode_context(tok, "epicriza " * 100)
@@ -102,7 +106,31 @@ def test_chat_template_is_applied_in_one_place(tok):
     assert len(ids) == 70 and ids.count(tok.bos_token_id) == 1
     text = tok.decode(ids, skip_special_tokens=True)
     assert text.startswith("[U] Intrebare:") and text.endswith("Raspuns: [A]")
-    assert build_prompt_ids(marked, Q, context, PromptSpec(context_tokens=80)) == plain
+    assert build_prompt_ids(marked, Q, context, PromptSpec(context_tokens=80)) == ids  # auto
+    assert build_prompt_ids(marked, Q, context, PromptSpec(context_tokens=80,
+                                                           chat_template=False)) == plain
+
+
+def test_chat_template_auto_follows_the_tokenizer_and_true_requires_one(tok):
+    import copy
+
+    from medray.prompts.text import ChatPrompt, prompt_text
+
+    bare = copy.deepcopy(tok)
+    bare.chat_template = None
+    chat = ChatPrompt(system="S", user="U")
+    assert PromptSpec().uses_chat_template(tok) and not PromptSpec().uses_chat_template(bare)
+    assert not PromptSpec().uses_chat_template(None)
+    assert prompt_text(chat, bare, PromptSpec()) == chat.text
+    with pytest.raises(ValueError, match="chat_template is true but the tokenizer has none"):
+        prompt_text(chat, bare, PromptSpec(chat_template=True))
+    # What a run records: auto decided for its tokenizer; a forced value stays as set.
+    assert PromptSpec().with_chat_template_of(tok).chat_template is True
+    assert PromptSpec().with_chat_template_of(bare).chat_template is False
+    assert PromptSpec(chat_template=False).with_chat_template_of(tok).chat_template is False
+    assert PromptSpec.model_validate({"chat_template": "auto"}).chat_template == "auto"
+    with pytest.raises(ValidationError):
+        PromptSpec.model_validate({"chat_template": "sometimes"})
 
 
 def test_prompt_json_round_trip_and_damage(tmp_path):

@@ -128,6 +128,9 @@ def test_readme_tiny_recipe_walk(ray_session, tmp_path):
     assert "mean [95% CI]" in out
     metrics = json.loads((runs / "eval-ft" / "metrics.json").read_text())
     assert metrics["requests"]["written"] == 6 and metrics["run"]["engine"] == "vllm"
+    # Two actors share this machine's cores: each runs torch and vLLM on its half.
+    half = max(1, min(os.cpu_count() // 2, len(os.sched_getaffinity(0))))
+    assert [a["torch_threads"] for a in metrics["requests"]["actors"]] == [half, half]
 
     report = _run(["report", str(runs / "eval-ft"), "--out", str(runs / "report")])
     assert "| model |" in report and "written:" in report

@@ -168,8 +168,10 @@ def test_europemedqa_item_through_serve_gets_its_strict_prompt(client, serve_app
 
     spec = cfg.prompt_for(cfg.model_id)  # how the served base is prompted
 
-    def n_tokens(prompt):
-        return len(tok.encode(prompts.prompt_text(prompt, tok, spec), add_special_tokens=False))
+    def n_tokens(prompt):  # as training and the engines encode it: the tokenizer's BOS too
+        from medray.prompts.tokens import chat_prompt_ids
+
+        return len(chat_prompt_ids(tok, prompt, spec))
 
     as_biology = prompts.render({**item, "dataset": "robiology", "kind": "single"})
     assert n_tokens(strict) != n_tokens(as_biology)

@@ -160,8 +160,10 @@ def prompt(
     shots: Annotated[int, typer.Option(help="RoBiology: 0, 1, 3 or 5 examples")] = 0,
     seed: Annotated[int, typer.Option(help="RoBiology: seed of the shot picker, as in "
                                       "`medray eval`")] = 0,
-    chat_template: Annotated[bool, typer.Option(
-        help="apply the tokenizer's chat template (needs --tokenizer)")] = False,
+    chat_template: Annotated[bool | None, typer.Option(
+        "--chat-template/--no-chat-template",
+        help="force the tokenizer's chat template on or off; default: the tokenizer's own "
+        "template where it has one (with --tokenizer), plain text otherwise")] = None,
 ) -> None:
     """Print the rendered prompt of one example, exactly as training and serving see it."""
     from pydantic import ValidationError
@@ -172,7 +174,7 @@ def prompt(
 
     try:
         fields = {"format": format.value, "max_new_tokens": max_new_tokens, "shots": shots,
-                  "chat_template": chat_template}
+                  "chat_template": "auto" if chat_template is None else chat_template}
         if context_tokens is not None:
             fields["context_tokens"] = context_tokens
         spec = PromptSpec(**fields)

@@ -69,6 +69,10 @@ def eval_cmd(
         "external provider", rich_help_panel=_ENG)] = False,
     shots: Annotated[int, typer.Option(
         help="in-context examples (RoBiology: 0/1/3/5)", rich_help_panel=_ENG)] = 0,
+    chat_template: Annotated[bool | None, typer.Option(
+        "--chat-template/--no-chat-template", help="force the model's chat template on or "
+        "off (local engines); default: its own template where it has one",
+        rich_help_panel=_ENG)] = None,
     split: Annotated[str, typer.Option(help="split to evaluate", rich_help_panel=_ENG)] = "test",
     group_as_multiple: Annotated[bool, typer.Option(
         "--group-as-multiple", help="ask group items as multiple choice over the statements, "
@@ -99,8 +103,8 @@ def eval_cmd(
     OUTPUT/metrics.json. Rerun with the same --output resumes."""
     flags = dict(
         data=data, base_url=base_url, sample=sample, seed=seed, dry_run=dry_run,
-        allow_external_api=allow_external_api, shots=shots, split=split,
-        group_as_multiple=group_as_multiple, cache=cache, concurrency=concurrency,
+        allow_external_api=allow_external_api, shots=shots, chat_template=chat_template,
+        split=split, group_as_multiple=group_as_multiple, cache=cache, concurrency=concurrency,
         requests_per_minute=requests_per_minute, max_retries=max_retries, timeout=timeout,
         api_key_env=api_key_env, param=param, as_json=as_json)
     given = _given(ctx, {"config": config, "engine": engine, "address": address,
@@ -167,7 +171,8 @@ def _config(config: Path | None, engine: str | None, flags: dict[str, Any]) -> A
                                           "seed")}
             cfg = engine_config(
                 engine or "", flags["data"], params=_params(flags["param"] or []),
-                sample=flags["sample"], shots=flags["shots"], split=flags["split"],
+                sample=flags["sample"], shots=flags["shots"],
+                chat_template=flags["chat_template"], split=flags["split"],
                 group_as_multiple=flags["group_as_multiple"], cache=flags["cache"],
                 allow_external_api=flags["allow_external_api"], **opts)
     except (EngineSpecError, ValueError) as err:

@@ -75,6 +75,9 @@ class EngineSpec(Strict):
     tensor_parallel_size: int = Field(1, ge=1)
     gpu_memory_utilization: float = Field(0.9, gt=0, le=1)
     enable_prefix_caching: bool | None = None  # None: vLLM's default
+    # vllm / hf on CPU: the CPUs one evaluation actor holds, and the threads torch and
+    # vLLM run there; None: the machine's cores shared among the actors
+    cpus: int | None = Field(None, ge=1)
     # API engines
     base_url: str | None = None
     concurrency: int = Field(4, ge=1)
@@ -132,13 +135,20 @@ class EngineSpec(Strict):
                 kwargs["distributed_executor_backend"] = "mp"
         return kwargs
 
-    def actor_options(self) -> dict[str, Any]:
-        """What one evaluation actor asks Ray for."""
-        if self.kind != "vllm":
-            return {"num_cpus": 0.25}  # HTTP clients and baselines barely use a CPU
-        if self.device == "gpu":
+    @property
+    def runs_on_cpu(self) -> bool:
+        """A model in the evaluation actor's own process, computing on its CPUs."""
+        return self.kind in ("vllm", "hf") and self.device == "cpu"
+
+    def actor_options(self, cpus: int = 1) -> dict[str, Any]:
+        """What one evaluation actor asks Ray for; `cpus`: a CPU engine's share of the
+        cores when `self.cpus` is unset. Ray sets OMP_NUM_THREADS to the CPUs an actor
+        holds, so torch and vLLM (unbound threads) run that many threads."""
+        if self.runs_on_cpu:
+            return {"num_cpus": self.cpus or cpus}
+        if self.kind == "vllm":  # on GPU
             return {"num_cpus": 1, "num_gpus": self.tensor_parallel_size}
-        return {"num_cpus": 1}  # vLLM on CPU needs its core
+        return {"num_cpus": 0.25}  # HTTP clients and baselines barely use a CPU
 
     def engine_kwargs(self) -> dict[str, Any]:
         """Constructor keywords of the engine class, from the spec's fields."""

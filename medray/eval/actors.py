@@ -22,18 +22,22 @@ class EvalWorker:
         from medray.eval.predict import Predictor
 
         cfg = EvalConfig.model_validate(config)
+        self.threads = _use_held_cpus() if cfg.engine.runs_on_cpu else None
         data = load_prepared(cfg.data)  # each actor keeps the epicrises once
         # The key comes from the driver (actors do not see its environment).
         kwargs = {"api_key": api_key} if cfg.engine.kind == "serve" else {}
         self.predictor = Predictor(cfg, data, shots=shots, loglik=loglik,
                                    max_new_tokens=max_new_tokens, **kwargs)
 
-    def where(self) -> dict[str, str]:
+    def where(self) -> dict[str, Any]:
         """The node this actor runs on (recorded in metrics.json)."""
         import ray
 
         ctx = ray.get_runtime_context()
-        return {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+        where = {"node_id": ctx.get_node_id(), "node_ip": ray.util.get_node_ip_address()}
+        if self.threads is not None:  # a model on CPU: the threads it computes on
+            where["torch_threads"] = self.threads
+        return where
 
     def predict(self, examples: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Examples (rows of the examples table) -> their predictions-file rows, answered
@@ -44,11 +48,39 @@ class EvalWorker:
         self.predictor.close()
 
 
-def worker_class(cfg: Any, max_concurrency: int) -> Any:
-    """The evaluation actor class with its resource request (GPUs for vLLM on GPU)."""
+def _use_held_cpus() -> int:
+    """torch (and vLLM on CPU, whose threads are unbound) on as many threads as the CPUs
+    Ray gave this actor, never more than the cores the process may run on."""
+    import os
+
+    import ray
+    import torch
+
+    held = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = max(1, min(int(held), usable or 1))
+    torch.set_num_threads(threads)
+    return threads
+
+
+def cpus_per_actor(n_actors: int) -> int:
+    """A CPU engine's default share: this machine's cores (at most a node's CPUs in Ray)
+    split among the actors."""
+    import os
+
     import ray
 
-    return ray.remote(**cfg.engine.actor_options(), max_concurrency=max_concurrency,
+    node_cpus = max((n["Resources"].get("CPU", 0) for n in ray.nodes() if n["Alive"]),
+                    default=1)
+    return max(1, int(min(node_cpus, os.cpu_count() or 1)) // max(n_actors, 1))
+
+
+def worker_class(cfg: Any, max_concurrency: int, cpus: int = 1) -> Any:
+    """The evaluation actor class with its resource request (GPUs for vLLM on GPU, a share
+    of the cores for a model on CPU)."""
+    import ray
+
+    return ray.remote(**cfg.engine.actor_options(cpus), max_concurrency=max_concurrency,
                       scheduling_strategy=cfg.actor_placement)(EvalWorker)
 
 
@@ -61,7 +93,7 @@ class PoolError(RuntimeError):
 
 def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
              api_key: str | None = None) -> dict[str, Any]:
-    """Send `pending` through `cfg.actors` actors; `write(row)` as each answer arrives.
+    """Send `pending` through `cfg.actor_count` actors; `write(row)` as each answer arrives.
     Returns {"requested": items sent (a re-asked item counts again), "reasked",
     "actors": where each actor ran, "actors_replaced"}.
 
@@ -82,7 +114,7 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
     from ray.exceptions import RayActorError
 
     cfg = plan.cfg
-    n_actors = min(cfg.actors, len(pending))
+    n_actors = min(cfg.actor_count, len(pending))
     thread_safe = cfg.engine.entry.thread_safe
     calls = plan.engine_calls(pending)
     if thread_safe:
@@ -91,10 +123,11 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
     else:
         units, window, per_actor = calls, 2 * n_actors, 1
     per_slot = -(-window // max(n_actors, 1))  # units outstanding on one actor
-    worker_cls = worker_class(cfg, per_actor)
+    cpus = cpus_per_actor(n_actors) if cfg.engine.runs_on_cpu else 1
+    worker_cls = worker_class(cfg, per_actor, cpus)
     config = cfg.model_dump(mode="json")
 
-    placements: list[dict[str, str]] = []
+    placements: list[dict[str, Any]] = []
     replaced = 0
     actors: list[Any] = [None] * n_actors
     started = [False] * n_actors

@@ -58,7 +58,9 @@ class EvalConfig(Strict):
     limit: int | None = Field(None, ge=1)  # first N items of the split (smoke runs)
     allow_external_api: bool = False  # clinical text to an external provider (opt-in)
     cache: Path | None = None  # API response cache (default: see medray.eval.plan)
-    actors: int = Field(2, ge=1)
+    # None: one actor for a model on CPU (each actor holds its own copy, so one actor with
+    # all the cores beats two with half each), two otherwise
+    actors: int | None = Field(None, ge=1)
     max_in_flight: int = Field(4, ge=1)  # requests outstanding across all actors
     # SPREAD: the actors go to different nodes where Ray can (one node: no difference)
     actor_placement: Literal["SPREAD", "DEFAULT"] = "SPREAD"
@@ -74,11 +76,17 @@ class EvalConfig(Strict):
             raise ValueError("; ".join(moved))
         return raw
 
+    @property
+    def actor_count(self) -> int:
+        """`actors`, else one for a model on CPU and two otherwise."""
+        return self.actors or (1 if self.engine.runs_on_cpu else 2)
+
 
 # Settings that change how the run is executed, not what it computes: a resume may change
 # them (more actors, a larger rate limit) without mixing two runs in one folder.
 EXECUTION_ONLY = ("actors", "max_in_flight", "actor_placement", "cache", "engine.concurrency",
-                  "engine.requests_per_minute", "engine.max_retries", "engine.timeout_s")
+                  "engine.requests_per_minute", "engine.max_retries", "engine.timeout_s",
+                  "engine.cpus")
 
 
 def engine_config(engine: str, data: str | Path, *, base_url: str | None = None,
@@ -101,10 +109,14 @@ def engine_config(engine: str, data: str | Path, *, base_url: str | None = None,
 
         if json.loads((Path(data) / "manifest.json").read_text()).get("kind") == "mcq":
             by = ["language", "modality"]
-    shots = fields.pop("shots", 0)
+    prompt: dict[str, Any] = {}  # only what the flags set: the rest stays the model's own
+    if shots := fields.pop("shots", 0):
+        prompt["shots"] = shots
+    if (chat_template := fields.pop("chat_template", None)) is not None:
+        prompt["chat_template"] = chat_template
     try:
-        if shots:
-            fields["prompt"] = PromptSpec(shots=shots)
+        if prompt:
+            fields["prompt"] = PromptSpec(**prompt)
         return EvalConfig(data=Path(data), engine=spec, seed=seed,
                           score=ScoreSpec(modes=["medqaro"], by=by, seed=seed), **fields)
     except ValidationError as err:

@@ -123,13 +123,22 @@ def _prompt_record(plan: EvalPlan) -> tuple[str | None, int | None, str]:
                 + (f" (train-split shots, seed {cfg.seed})" if p.shots else "")
                 + ("; group items asked as multiple choice over the statements"
                    if cfg.group_as_multiple else ""))
-        return f"mcq:{data.dataset}:{p.shots}shot", None, desc
+        return f"mcq:{data.dataset}:{p.shots}shot", None, desc + _template_words(plan)
     if spec.external:
         return ("qea:full", None, "qea (question, whole epicrisis, answer), 0-shot, at most "
                 f"{plan.budget()} new tokens")
     return (p.format, p.context_tokens,
             f"{p.format}, epicrisis fitted to {p.context_tokens} tokens ({p.strategy}), at "
-            f"most {plan.budget()} new tokens")
+            f"most {plan.budget()} new tokens" + _template_words(plan))
+
+
+def _template_words(plan: EvalPlan) -> str:
+    """How a text-completion engine's prompt met the chat template; chat APIs take roles."""
+    if plan.cfg.engine.kind not in ("vllm", "hf", "serve"):
+        return ""
+    used = plan.prompt.chat_template
+    return {True: "; the model's chat template", False: "; no chat template"}.get(
+        used, "; the model's chat template where it has one")
 
 
 def run_record(plan: EvalPlan, stats: dict) -> dict[str, Any]:

@@ -73,4 +73,9 @@ def with_resolved_prompt(cfg: EvalConfig) -> EvalConfig:
         return cfg
     key_env = cfg.engine.engine_kwargs().get("api_key_env")
     api_key = os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env else None
-    return cfg.model_copy(update={"prompt": resolve_eval_prompt(cfg, api_key)})
+    spec = resolve_eval_prompt(cfg, api_key)
+    if cfg.engine.kind in ("vllm", "hf") and spec.chat_template == "auto":
+        from medray.models import load_tokenizer
+
+        spec = spec.with_chat_template_of(load_tokenizer(str(cfg.engine.model)))
+    return cfg.model_copy(update={"prompt": spec})

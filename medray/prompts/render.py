@@ -44,8 +44,8 @@ def trim_context_words(question: str, context: str, spec: PromptSpec) -> str:
 
 def needs_tokenizer(data: PreparedData, spec: PromptSpec, *, trim: bool = True) -> bool:
     """Whether rendering reads a tokenizer: MedQARo trimming counts tokens, and a
-    multiple-choice item reads the chat template only with `chat_template` on."""
-    return trim if data.kind == "generative" else spec.chat_template
+    multiple-choice item reads the chat template unless `chat_template` is false."""
+    return trim if data.kind == "generative" else spec.chat_template is not False
 
 
 def render_example(data: PreparedData, example_id: str, spec: PromptSpec | None = None, *,
@@ -64,10 +64,10 @@ def render_example(data: PreparedData, example_id: str, spec: PromptSpec | None 
                                   spec.format)
         ids = build_prompt_ids(tokenizer, row["question"], encode_context(tokenizer, context),
                                spec)
-        return tokenizer.decode(ids, skip_special_tokens=not spec.chat_template)
+        return tokenizer.decode(ids, skip_special_tokens=not spec.uses_chat_template(tokenizer))
     ex = example_dict(row)
     chat = render(ex, shot_sets(data.examples, [ex["kind"]], spec.shots, seed))
-    if spec.chat_template and tokenizer is not None:
+    if spec.uses_chat_template(tokenizer):
         return prompt_text(chat, tokenizer, spec)
     parts = [f"[system]\n{chat.system}"] if chat.system else []
     return "\n\n".join(parts + [f"[user]\n{chat.user}"])

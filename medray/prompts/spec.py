@@ -50,7 +50,9 @@ class PromptSpec(Strict):
     reserve: int | None = Field(None, ge=0)
     strategy: Literal["trim", "chunks", "retrieve"] = "trim"  # training: trim | chunks
     chunk_tokens: int | None = Field(None, ge=1)  # chunks/retrieve piece size; None = room
-    chat_template: bool = False  # the papers used none
+    # "auto": the model's own chat template where its tokenizer has one, plain text where
+    # it has none; True / False force it (the paper configs pin what their paper did).
+    chat_template: bool | Literal["auto"] = "auto"
     shots: int = 0  # multiple choice: in-context examples from the seeded picker
 
     @field_validator("shots")
@@ -74,6 +76,23 @@ class PromptSpec(Strict):
         """
         n_fixed = fixed if isinstance(fixed, int) else int(fixed.fixed)
         return self.context_tokens - max(answer_tokens, self.answer_reserve) - n_fixed
+
+    def uses_chat_template(self, tokenizer: Any) -> bool:
+        """Whether prompts go through `tokenizer`'s chat template: "auto" follows the
+        tokenizer (none given: plain text); True without a template is an error."""
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if self.chat_template == "auto":
+            return has_template
+        if self.chat_template and not has_template:
+            what = "no tokenizer was given" if tokenizer is None else "the tokenizer has none"
+            raise ValueError(f"prompt.chat_template is true but {what}; use auto or false")
+        return bool(self.chat_template)
+
+    def with_chat_template_of(self, tokenizer: Any) -> PromptSpec:
+        """This spec with "auto" decided for `tokenizer` (true or false), as recorded."""
+        if self.chat_template != "auto":
+            return self
+        return self.model_copy(update={"chat_template": self.uses_chat_template(tokenizer)})
 
     def new_tokens(self, configured: int | None = None, protocol: int | None = None) -> int:
         """How many new tokens a request decodes: the budget the caller configured, else

@@ -207,13 +207,25 @@ def robiology_item_prompt(example: Mapping[str, Any],
 
 def prompt_text(prompt: ChatPrompt, tokenizer: Any = None, spec: PromptSpec | None = None
                 ) -> str:
-    """What a text-completion engine reads: the chat template only with the spec's
-    `chat_template` on (and a tokenizer that has one); otherwise the flattened system +
-    user text."""
-    if (spec or PromptSpec()).chat_template and getattr(tokenizer, "chat_template", None):
-        return tokenizer.apply_chat_template(prompt.messages(), tokenize=False,
-                                             add_generation_prompt=True)
-    return prompt.text
+    """What a text-completion engine reads: the tokenizer's chat template where the spec
+    uses it (`PromptSpec.uses_chat_template`), otherwise the flattened system + user text.
+
+    A template that writes the BOS token itself loses it here when the tokenizer adds one
+    on encoding: the text is always encoded with the tokenizer's special tokens (training,
+    the engines, Serve), so the model sees one BOS, templated or not."""
+    if not (spec or PromptSpec()).uses_chat_template(tokenizer):
+        return prompt.text
+    text = tokenizer.apply_chat_template(prompt.messages(), tokenize=False,
+                                         add_generation_prompt=True)
+    bos = getattr(tokenizer, "bos_token", None)
+    if bos and text.startswith(bos) and _adds_bos(tokenizer):
+        text = text[len(bos):]
+    return text
+
+
+def _adds_bos(tokenizer: Any) -> bool:
+    bos_id = getattr(tokenizer, "bos_token_id", None)
+    return bos_id is not None and tokenizer.encode("x", add_special_tokens=True)[:1] == [bos_id]
 
 
 # ------------------------------------------------------- multiple-choice items and shots

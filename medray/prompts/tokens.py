@@ -83,7 +83,7 @@ class PromptPieces:
 
 def _prompt_text_parts(tokenizer: Any, question: str, spec: PromptSpec) -> tuple[str, str]:
     before, after = medqaro_prompt_parts(question, spec.format)
-    if not spec.chat_template:
+    if not spec.uses_chat_template(tokenizer):
         return before, after
     templated = prompt_text(ChatPrompt(None, before + CONTEXT_SLOT + after), tokenizer, spec)
     head, _, tail = templated.partition(CONTEXT_SLOT)
@@ -95,13 +95,19 @@ def prompt_pieces(tokenizer: Any, question: str, spec: PromptSpec) -> PromptPiec
     traits = _traits(tokenizer)
     # The space between "Context:" and the epicrisis belongs to the context piece, the
     # space before the text after it to that piece (see the module docstring). A chat
-    # template writes its own special tokens (BOS included) into the text.
-    templated = spec.chat_template and getattr(tokenizer, "chat_template", None)
+    # template's text carries its own special tokens, BOS only where the tokenizer does
+    # not add it (medray.prompts.text.prompt_text).
     return PromptPieces(
-        prefix=[] if templated else list(traits.prefix),
+        prefix=list(traits.prefix),
         before=tokenizer.encode(before.rstrip(" "), add_special_tokens=False),
         after=encode_piece(tokenizer, after.lstrip(" "), after_space=after.startswith(" ")),
     )
+
+
+def chat_prompt_ids(tokenizer: Any, prompt: ChatPrompt, spec: PromptSpec) -> list[int]:
+    """The ids of a whole rendered prompt (multiple choice), with the tokenizer's own
+    special tokens: what training, the engines and Serve feed the model."""
+    return tokenizer.encode(prompt_text(prompt, tokenizer, spec), add_special_tokens=True)
 
 
 def question_room(tokenizer: Any, question: str, spec: PromptSpec,

@@ -101,8 +101,10 @@ class QAIngress:
     def _prompt_of(self, name: str) -> PromptSpec:
         """How served `name` is prompted: as trained (its folder's prompt.json) unless the
         config overrides it (medray.serve.config.AppConfig.prompt_for)."""
-        if name not in self._prompts:
-            self._prompts[name] = self.cfg.prompt_for(name)
+        if name not in self._prompts:  # "auto" decided for the tokenizer that reads it
+            source = self.cfg.models.get(name, self.cfg.model)
+            self._prompts[name] = self.cfg.prompt_for(name).with_chat_template_of(
+                self._tokenizer(source))
         return self._prompts[name]
 
     def _prompt(self, target: Target) -> PromptSpec:
@@ -307,7 +309,8 @@ class QAIngress:
     @route.post("/v1/mcq", response_model=MCQResponse, body="MCQRequest")
     async def mcq(self, request: Request) -> MCQResponse:
         from medray.eval.mcq import read_answer
-        from medray.prompts.text import prompt_text, protocol_budget, render
+        from medray.prompts.text import protocol_budget, render
+        from medray.prompts.tokens import chat_prompt_ids
 
         body: Any = await self._body(request, "MCQRequest")
         assert isinstance(body, MCQBase)
@@ -324,8 +327,7 @@ class QAIngress:
             # or a group shot whose answer is no group letter
             raise APIError(422, "invalid_request", f"shots: {err}", "shots") from None
         spec = self._prompt(target)
-        text = prompt_text(prompt, tokenizer, spec)
-        ids = tokenizer.encode(text, add_special_tokens=False)
+        ids = chat_prompt_ids(tokenizer, prompt, spec)
         budget = spec.new_tokens(body.max_new_tokens, protocol_budget(item))
         if len(ids) + budget > self.cfg.max_model_len:
             raise context_error(self.cfg.max_model_len, len(ids), "options",

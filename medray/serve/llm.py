@@ -180,7 +180,10 @@ def llm_config(cfg: AppConfig, model_id: str, source: str, lora: bool) -> Any:
         extra.update(
             accelerator_config={"kind": "cpu"},
             placement_group_config={"bundles": [{"CPU": cfg.llm.num_cpus}]},
-            runtime_env={"env_vars": serve_cpu_env(engine)},
+            # torch and vLLM (unbound threads) on as many threads as the bundle's CPUs; Ray
+            # would set one, for the replica actor's own half CPU
+            runtime_env={"env_vars": {**serve_cpu_env(engine),
+                                      "OMP_NUM_THREADS": str(max(1, int(cfg.llm.num_cpus)))}},
         )
     return LLMConfig(
         model_loading_config={"model_id": model_id, "model_source": source},

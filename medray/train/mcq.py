@@ -20,9 +20,9 @@ import pandas as pd
 from medray.data.registry import dataset_spec
 from medray.eval.mcq import read_answer
 from medray.prompts.spec import PromptSpec
-from medray.prompts.text import example_dict, prompt_text, protocol_budget, question_id
+from medray.prompts.text import example_dict, protocol_budget, question_id
 from medray.prompts.text import render as render_item
-from medray.prompts.tokens import IGNORE_INDEX, BudgetError
+from medray.prompts.tokens import IGNORE_INDEX, BudgetError, chat_prompt_ids
 
 
 def target_text(ex: dict) -> str:
@@ -34,8 +34,7 @@ def target_text(ex: dict) -> str:
 
 def prompt_ids(tokenizer: Any, ex: dict, spec: PromptSpec) -> list[int]:
     """What vLLM and the transformers engine feed the model for this item's prompt."""
-    return tokenizer.encode(prompt_text(render_item(ex), tokenizer, spec),
-                            add_special_tokens=True)
+    return chat_prompt_ids(tokenizer, render_item(ex), spec)
 
 
 def target_ids(tokenizer: Any, ex: dict) -> list[int]:

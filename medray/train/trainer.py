@@ -267,6 +267,16 @@ def _sigint_handler_restored() -> Iterator[None]:
         signal.signal(signal.SIGINT, previous)
 
 
+def _chat_template_decided(cfg: TrainConfig) -> TrainConfig:
+    """`prompt.chat_template: auto` decided for the model's tokenizer (true or false)."""
+    if cfg.prompt.chat_template != "auto":
+        return cfg
+    from medray.models import load_tokenizer
+
+    tokenizer = load_tokenizer(cfg.model.name_or_path, cfg.model.trust_remote_code)
+    return cfg.model_copy(update={"prompt": cfg.prompt.with_chat_template_of(tokenizer)})
+
+
 def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print,
                  callbacks: Sequence[Any] = (), display: Any = None) -> dict:
     """`medray train`. `callbacks`: extra Ray Train callbacks on the TorchTrainer's RunConfig
@@ -281,6 +291,7 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
 
     output = Path(output)
     checked = preflight(cfg)
+    cfg = _chat_template_decided(cfg)  # recorded in prompt.json and metrics.json as used
     from medray.io import claim_directory
 
     require_connected("training")  # joined by the entry point, with scaling.local_cpus()
