@@ -84,12 +84,14 @@ def test_qa_trim_matches_a_direct_completion_of_the_training_prompt(client, serv
     assert set(body) == {"answer", "logprob", "prompt_tokens", "strategy", "model", "adapter",
                          "prompt", "prompt_ids"}
     assert body["strategy"] == "trim" and body["model"] == "medray" and body["adapter"] is None
-    spec = cfg.prompt_for("medray")  # the base has no prompt.json: the defaults
+    tok = AutoTokenizer.from_pretrained(cfg.model)
+    # The base has no prompt.json: the defaults, chat_template "auto" decided for its tokenizer.
+    spec = cfg.prompt_for("medray").with_chat_template_of(tok)
     assert body["prompt"] == spec.model_dump() and body["prompt_ids"] is None
+    assert body["prompt"]["chat_template"] is True  # the tiny model has a template
     assert body["prompt_tokens"] <= spec.context_tokens - spec.answer_reserve
     assert body["logprob"] is None or body["logprob"] <= 0
     # The same prompt ids (training assembly) sent raw give the same greedy answer.
-    tok = AutoTokenizer.from_pretrained(cfg.model)
     ids = build_prompt_ids(tok, q, encode_context(tok, CONTEXT), spec)
     assert len(ids) == body["prompt_tokens"]
     raw = client.post("/v1/completions", json={"prompt": ids, "max_tokens": spec.max_new_tokens,

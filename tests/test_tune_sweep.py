@@ -177,8 +177,11 @@ def test_tiny_sweep_asha_kill_and_resume(ray_session, tiny_model, medqaro_prepar
     cfg = load_config(out / "best.yaml")
     assert (cfg.optim.lr, cfg.lora.r) == (best["optim.lr"], best["lora.r"])
     trial_train = exp / f"trial_{summary.best_trial}" / "train"
-    assert cfg.model_dump(mode="json") == json.loads(
-        (trial_train / "metrics.json").read_text())["config"]
+    used = json.loads((trial_train / "metrics.json").read_text())["config"]
+    # The trial ran best.yaml's config; its record says what `auto` became for the model.
+    assert cfg.prompt.chat_template == "auto" and used["prompt"]["chat_template"] is True
+    assert cfg.model_dump(mode="json") == {**used, "prompt": {**used["prompt"],
+                                                              "chat_template": "auto"}}
     assert (trial_train / "adapter" / "adapter_config.json").is_file()
 
     # ... and `medray train --config best.yaml` runs it as is (no overrides).
@@ -187,7 +190,7 @@ def test_tiny_sweep_asha_kill_and_resume(ray_session, tiny_model, medqaro_prepar
                                    "--output", str(tmp_path / "retrain")])
     assert res.exit_code == 0, res.output
     rerun = json.loads((tmp_path / "retrain" / "metrics.json").read_text())
-    assert rerun["config"] == cfg.model_dump(mode="json")
+    assert rerun["config"] == used  # the same run as the trial, `auto` decided alike
     assert [e["epoch"] for e in rerun["epochs"]] == [1, 2]
     assert (tmp_path / "retrain" / "adapter" / "adapter_config.json").is_file()
     print(f"medray train --config best.yaml: {time.monotonic() - t1:.0f}s")

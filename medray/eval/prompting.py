@@ -77,5 +77,8 @@ def with_resolved_prompt(cfg: EvalConfig) -> EvalConfig:
     if cfg.engine.kind in ("vllm", "hf") and spec.chat_template == "auto":
         from medray.models import load_tokenizer
 
-        spec = spec.with_chat_template_of(load_tokenizer(str(cfg.engine.model)))
+        try:  # recorded as what it becomes for the model's tokenizer
+            spec = spec.with_chat_template_of(load_tokenizer(str(cfg.engine.model)))
+        except (OSError, ValueError):  # no tokenizer here (an engine built elsewhere):
+            pass  # the engine decides "auto" with its own, and the record says "auto"
     return cfg.model_copy(update={"prompt": spec})
