@@ -32,12 +32,12 @@ END = "<!-- end of generated results -->"
 REQUIRED = ("bench", "command", "commit", "date", "machine", "results")
 # Sections in reading order: what a user runs first, then the parts' own costs.
 ORDER = ("demo", "mcq_finetune", "score_speed", "prepare_scale", "train_throughput",
-         "prefix_reuse", "eval_throughput", "lm_eval_parity", "serve_load", "serve_memory",
-         "gpu_check")
+         "prefix_reuse", "eval_throughput", "cpu_threads", "lm_eval_parity", "serve_load",
+         "serve_memory", "gpu_check")
 TITLES = {"demo": "The demo", "mcq_finetune": "Multiple-choice fine-tuning",
           "score_speed": "Scoring speed", "prepare_scale": "Data preparation at scale",
           "train_throughput": "Training input", "prefix_reuse": "Prefix reuse",
-          "eval_throughput": "Evaluation path",
+          "eval_throughput": "Evaluation path", "cpu_threads": "A real model on CPU threads",
           "lm_eval_parity": "Option log-likelihood vs lm-evaluation-harness",
           "serve_load": "Serving load",
           "serve_memory": "Serving memory",
