@@ -27,6 +27,27 @@ def media_type(head: bytes) -> str | None:
     return None
 
 
+def check_image_bytes(data: bytes) -> str:
+    """The media type of an image given as bytes (an image embedded in a Parquet table);
+    ImageError when it is over MAX_IMAGE_BYTES or not PNG/JPEG/GIF/WebP by its magic bytes."""
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ImageError(f"image is {len(data)} bytes; at most {MAX_IMAGE_BYTES}")
+    media = media_type(data[:16])
+    if media is None:
+        raise ImageError("image is not a PNG, JPEG, GIF or WebP file")
+    return media
+
+
+def image_name(data: bytes, media: str) -> str:
+    """The file name an embedded image gets in a prepared folder: its content's hash, so the
+    same image twice is one file and the name is the same on every run."""
+    import hashlib
+
+    suffix = {"image/png": ".png", "image/jpeg": ".jpg", "image/gif": ".gif",
+              "image/webp": ".webp"}[media]
+    return hashlib.sha256(data).hexdigest()[:20] + suffix
+
+
 def confined_image(link: str | Path, root: str | Path, base: str | Path | None = None) -> Path:
     """The resolved image path (symlinks followed) if it lies inside `root`, exists, is at
     most MAX_IMAGE_BYTES and starts with PNG/JPEG/GIF/WebP magic bytes; else ImageError.

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from medray import __version__
 from medray.data import europemedqa
+from medray.data.loaders import EMBEDDED
 from medray.data.prepared import PreparedData, load_prepared, write_prepared
 from medray.data.registry import dataset_spec
 from medray.io import check_output
@@ -28,12 +29,15 @@ def prepare(
     spec = dataset_spec(dataset)
     check_output(out, [input_path], force)
     examples, contexts, manifest = spec.load(input_path, compat=compat, shuffle=shuffle,
-                                             seed=seed, encoding=encoding)
+                                             seed=seed, encoding=encoding,
+                                             image_dir=Path(out).resolve())
+    images = manifest.pop(EMBEDDED, {})  # written into `out`, where the examples point
     splits = Counter(examples.column("split").to_pylist())
     manifest.update(
         source=str(Path(input_path).resolve()),
         splits=dict(sorted(splits.items())),
         created_by=f"medray {__version__}",
     )
-    write_prepared(out, manifest, examples, contexts, inputs=(input_path,), force=force)
+    write_prepared(out, manifest, examples, contexts, inputs=(input_path,), force=force,
+                   images=images)
     return load_prepared(out)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,11 +17,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from medray.io import atomic_directory
+from medray.io import atomic_directory, write_bytes_atomic
 
 MANIFEST = "manifest.json"
 EXAMPLES = "examples.parquet"
 CONTEXTS = "contexts.parquet"
+IMAGES = "images"  # images an input embeds (EuropeMedQA's Parquet form), by content hash
 
 
 @dataclass
@@ -75,10 +77,14 @@ def write_prepared(
     *,
     inputs: tuple[str | os.PathLike, ...] = (),
     force: bool = False,
+    images: Mapping[str, bytes] | None = None,
 ) -> Path:
-    """Write all files into a temporary sibling directory, then swap it into place."""
+    """Write all files into a temporary sibling directory, then swap it into place;
+    `images` ({file name: bytes}) go to its images/ folder."""
     out = Path(out)
     with atomic_directory(out, inputs=inputs, force=force, command="data prepare") as tmp:
+        for name, data in sorted((images or {}).items()):
+            write_bytes_atomic(tmp / IMAGES / name, data)
         pq.write_table(examples, tmp / EXAMPLES)
         if contexts is not None:
             pq.write_table(contexts, tmp / CONTEXTS)

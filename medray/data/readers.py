@@ -193,3 +193,30 @@ def xlsx_records(path: Path) -> Iterator[tuple[int, dict[str, str]]]:
     columns = [str(c) for c in frame.columns]
     for row, values in enumerate(frame.itertuples(index=False), start=1):
         yield row, dict(zip(columns, (str(v) for v in values), strict=True))
+
+
+def parquet_records(path: Path) -> tuple[list[str], Iterator[tuple[int, dict]]]:
+    """The column names and an iterator of (data row, record) of a Parquet file, read one
+    record batch at a time (1-based rows across the file's row groups)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    _not_empty(path)
+    try:
+        parquet = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as err:
+        raise DataError(str(path), None, None, f"not a Parquet file ({err})") from None
+    columns = list(parquet.schema_arrow.names)
+
+    def records() -> Iterator[tuple[int, dict]]:
+        row = 0
+        try:
+            for batch in parquet.iter_batches(batch_size=256):
+                for record in batch.to_pylist():
+                    row += 1
+                    yield row, record
+        except (pa.ArrowException, OSError) as err:
+            raise DataError(str(path), row + 1, None, f"cannot read the Parquet data "
+                            f"({err})") from None
+
+    return columns, records()
