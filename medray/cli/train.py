@@ -1,4 +1,4 @@
-"""`medray model tiny|smollm2|import-gguf`, `medray train`, `medray export` (heavy imports
+"""`medray model tiny|tiny-vlm|smollm2|import-gguf`, `medray train`, `medray export` (heavy imports
 inside)."""
 
 from __future__ import annotations
@@ -49,6 +49,31 @@ def model_tiny(
         fail(str(exc))
     info = json.loads((path / "medray_tiny.json").read_text())
     print(f"tiny model in {path}: {info} (tokenizer trained on {len(texts)} texts of {corpus})")
+
+
+@model_app.command("tiny-vlm")
+def model_tiny_vlm(
+    out: Annotated[Path, typer.Option("--out", help="directory to write the model into")],
+    corpus: Annotated[Path | None, typer.Option(
+        "--corpus", help="prepared dataset dir (tokenizer corpus; default: a few words)")] = None,
+    seed: Annotated[int, typer.Option()] = 0,
+) -> None:
+    """A small random-init vision-language model (the SmolVLM architecture) + its processor,
+    built offline: for trying image items on the vllm and hf engines."""
+    from medray.console import library_output_hidden
+    from medray.io import check_output
+    from medray.models import build_tiny_vlm, corpus_from_prepared
+    from medray.models.vision import TINY_VLM_TEXTS
+
+    try:
+        check_output(out, [corpus] if corpus else [])
+        texts = corpus_from_prepared(corpus) if corpus else list(TINY_VLM_TEXTS)
+        with library_output_hidden():
+            path = build_tiny_vlm(out, texts, seed=seed)
+    except (FileNotFoundError, ValueError) as exc:
+        fail(str(exc))
+    info = json.loads((path / "medray_tiny.json").read_text())
+    print(f"tiny vision-language model in {path}: {info}")
 
 
 @model_app.command("smollm2")

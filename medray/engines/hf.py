@@ -1,7 +1,8 @@
 """The transformers Engine: greedy generation with per-token log-probs, option scoring.
 
 Used for validation answers during training (on the live, possibly ZeRO-3 sharded model)
-and as the fallback engine where vLLM is not available.
+and as the fallback engine where vLLM is not available. A vision-language model (by path or
+hub id) is loaded with its processor and also takes each prompt's images.
 """
 
 from __future__ import annotations
@@ -30,8 +31,21 @@ class HFEngine:
         import torch
 
         from medray.models import load_model_and_tokenizer, load_tokenizer
+        from medray.models.vision import is_vision_model
 
-        if isinstance(model, str):
+        self.processor: Any = None
+        self.supports_images = isinstance(model, str) and is_vision_model(model)
+        if self.supports_images:
+            from medray.models.vision import image_token, load_vision_model
+
+            self.model_name = str(model)
+            self.lm, self.tokenizer, self.processor = load_vision_model(self.model_name, dtype)
+            self.image_token = image_token(self.processor)
+            if adapter:
+                from peft import PeftModel
+
+                self.lm = PeftModel.from_pretrained(self.lm, adapter)
+        elif isinstance(model, str):
             self.model_name = model
             self.lm, self.tokenizer = load_model_and_tokenizer(model, dtype)
             if adapter:
@@ -54,10 +68,30 @@ class HFEngine:
     # ------------------------------------------------------------------ generation
 
     def generate(
-        self, prompts: Sequence[str], *, max_new_tokens: int, temperature: float = 0.0
+        self, prompts: Sequence[str], *, max_new_tokens: int, temperature: float = 0.0,
+        images: Sequence[Sequence[Any]] | None = None,
     ) -> list[Generation]:
+        """`images`: each prompt's PIL images (a vision-language model only); a prompt with
+        images is run on its own, through the model's processor."""
         ids = [self.tokenizer.encode(p, add_special_tokens=True) for p in prompts]
-        return self.generate_ids(ids, max_new_tokens=max_new_tokens, temperature=temperature)
+        if not images or not any(images):
+            return self.generate_ids(ids, max_new_tokens=max_new_tokens,
+                                     temperature=temperature)
+        if not self.supports_images:
+            raise ValueError(f"{self.model_name} is a text-only model: it takes no images")
+        out: list[Generation | None] = [None] * len(prompts)
+        text = [i for i in range(len(prompts)) if i >= len(images) or not images[i]]
+        gens = self.generate_ids([ids[i] for i in text], max_new_tokens=max_new_tokens,
+                                 temperature=temperature) if text else []
+        for i, gen in zip(text, gens, strict=True):
+            out[i] = gen
+        for i, item_images in enumerate(images):
+            if item_images:
+                enc = self.processor(text=[prompts[i]], images=[list(item_images)],
+                                     return_tensors="pt")
+                n = int(enc["input_ids"].shape[1])
+                out[i] = self._run(dict(enc), [n], n, max_new_tokens, temperature)[0]
+        return [g for g in out if g is not None]
 
     def generate_ids(
         self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int,
@@ -83,6 +117,16 @@ class HFEngine:
         for r, x in enumerate(batch):
             ids[r, width - len(x):] = torch.tensor(list(x), dtype=torch.long)
             mask[r, width - len(x):] = 1
+        return self._run({"input_ids": ids, "attention_mask": mask}, [len(x) for x in batch],
+                         width, max_new_tokens, temperature)
+
+    def _run(self, inputs: dict[str, Any], lengths: list[int], width: int,
+             max_new_tokens: int, temperature: float) -> list[Generation]:
+        """Generate from model inputs whose prompts end at column `width`; new tokens only."""
+        import torch
+
+        tok = self.tokenizer
+        pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
         kwargs: dict[str, Any] = {"do_sample": False}
         if temperature > 0:
             kwargs = {"do_sample": True, "temperature": temperature, "top_k": 0, "top_p": 1.0}
@@ -90,7 +134,7 @@ class HFEngine:
         self.lm.eval()
         with torch.no_grad():
             res = self.lm.generate(
-                input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                **{k: v.to(self.device) for k, v in inputs.items()},
                 max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=tok.eos_token_id,
                 output_scores=True, return_dict_in_generate=True, synced_gpus=self.synced_gpus,
                 **kwargs,
@@ -102,7 +146,7 @@ class HFEngine:
         steps = torch.stack([s.float().log_softmax(-1).cpu() for s in res.scores], dim=1)
         chosen = steps.gather(-1, new[:, : steps.shape[1], None]).squeeze(-1)
         gens = []
-        for r, x in enumerate(batch):
+        for r, length in enumerate(lengths):
             toks = new[r].tolist()
             n = len(toks)
             if tok.eos_token_id in toks:  # keep tokens up to (not incl.) EOS
@@ -111,7 +155,7 @@ class HFEngine:
                 n = toks.index(pad)
             text = tok.decode(toks[:n], skip_special_tokens=True).strip()
             gens.append(Generation(text=text, token_ids=toks[:n],
-                                   logprobs=chosen[r, :n].tolist(), prompt_tokens=len(x)))
+                                   logprobs=chosen[r, :n].tolist(), prompt_tokens=length))
         return gens
 
     # ---------------------------------------------------------------- option scoring

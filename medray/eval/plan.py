@@ -121,7 +121,7 @@ def plan_eval(cfg: EvalConfig, *, engine: Any = None, dry_run: bool = False) -> 
     if data.kind == "mcq" and spec.kind != "baseline":
         plan.shots = shot_sets(data.examples, list(items["kind"]), shots, cfg.seed)
         images_ok = (getattr(engine, "supports_images", False) if engine is not None
-                     else spec.entry.images)
+                     else spec.entry.images or _local_vision_model(spec))
         if not images_ok:
             plan.skipped_images = [str(i) for i, im in zip(items["id"], items["images"],
                                                            strict=True) if len(im)]
@@ -158,3 +158,10 @@ def plain_row(row: dict[str, Any]) -> dict[str, Any]:
         return v.item() if isinstance(v, np.generic) else v
 
     return {k: conv(v) for k, v in row.items()}
+
+
+def _local_vision_model(spec: Any) -> bool:
+    """A vllm/hf engine on a vision-language model: it is asked the image items too."""
+    from medray.models.vision import is_vision_model
+
+    return spec.kind in ("vllm", "hf") and is_vision_model(spec.model)

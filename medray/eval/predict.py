@@ -6,7 +6,8 @@ How each engine kind is asked:
 - generative, local model (vllm, hf): the prompt strategies of medray/prompts/strategies.py;
 - generative, chat API: the whole epicrisis (the papers' API baselines did no trimming);
 - multiple choice: the prompt of medray/prompts/text.py (Serve through its `/v1/mcq` route with
-  the item's dataset, chat APIs as system/user pair with the item's images);
+  the item's dataset, chat APIs as system/user pair with the item's images, a local
+  vision-language model with the item's images placed by its chat template);
 - baselines: the rows `medray baseline` writes for the split, served per item.
 """
 
@@ -170,6 +171,8 @@ class Predictor:
 
     def _mcq(self, items: list[dict]) -> list[dict[str, Any]]:
         is_api = hasattr(self.engine, "chat")
+        # A local vision-language model: each item's images go with its prompt.
+        vision = not is_api and bool(getattr(self.engine, "supports_images", False))
         prompts = [render(ex, self.shots, self.cfg.group_as_multiple) for ex in items]
         gens: list[Any] = [None] * len(items)
         by_budget: dict[int, list[int]] = {}  # one call per output budget: each is minimal
@@ -184,6 +187,9 @@ class Predictor:
                                     meta_dict(items[i].get("meta")).get("image_root"))
                         for i in idx]
                 res = self.engine.chat(reqs, max_new_tokens=budget)
+            elif vision:
+                res = self._generate_with_images([items[i] for i in idx],
+                                                 [prompts[i] for i in idx], budget)
             else:
                 tok = getattr(self.engine, "tokenizer", None)
                 res = self.engine.generate([prompt_text(prompts[i], tok, self.prompt)
@@ -194,10 +200,24 @@ class Predictor:
         rows = []
         for ex, gen in zip(items, gens, strict=True):
             text, labels, ok = mcq.read_answer(gen.text, ex, self.cfg.group_as_multiple)
-            extra = self._mcq_fields(ex, len(ex["images"]) if is_api else 0)
+            extra = self._mcq_fields(ex, len(ex["images"]) if is_api or vision else 0)
             row = self._generation_row(ex, text, gen, ok, extra.pop("prompt_format"),
                                        labels=list(labels), **extra)
             if self.loglik and ex["kind"] == "single":
                 row.update(mcq.loglik_choice(self.engine, ex))
             rows.append(row)
         return rows
+
+    def _generate_with_images(self, items: list[dict], prompts: list[Any],
+                              budget: int) -> list[Any]:
+        """A local vision-language model's answers: each prompt with its item's images
+        (read and re-checked here, inside the item's image root)."""
+        from medray.models.vision import load_images
+
+        tok = getattr(self.engine, "tokenizer", None)
+        token = getattr(self.engine, "image_token", "<image>")
+        texts = [prompt_text(p, tok, self.prompt, len(ex["images"]), token)
+                 for p, ex in zip(prompts, items, strict=True)]
+        images = [load_images(ex["images"], meta_dict(ex.get("meta")).get("image_root"))
+                  for ex in items]
+        return self.engine.generate(texts, max_new_tokens=budget, images=images)

@@ -59,7 +59,7 @@ def mcq_lines(r: dict, m: dict) -> list[str]:
              f"rule), {r['n_conforming']} conforming of {r['n']} outputs, "
              f"{r['n_nonconforming']} non-conforming excluded; {boot}; "
              f"{r.get('n_skipped_images', 0)} image items skipped (images go to API engines "
-             "only)"]
+             "and vision-language models only)"]
     for kind, b in sorted(r.get("per_kind", {}).items()):
         lines.append(f"  {kind}: accuracy {_ci(b['metrics']['accuracy'])}, {b['n_conforming']} "
                      f"conforming of {b['n']}")

@@ -1,5 +1,6 @@
 """Base models: loading by hub id or path (load), LoRA targets (lora), the tiny offline CPU
-model (tiny), real pretrained models imported from GGUF files (gguf).
+model (tiny), vision-language models and the tiny one (vision), real pretrained models
+imported from GGUF files (gguf).
 
 Every name is re-exported here, so `from medray.models import X` is the one way in.
 """
@@ -39,6 +40,14 @@ from medray.models.tiny import (
     corpus_from_prepared,
     train_bpe_tokenizer,
 )
+from medray.models.vision import (
+    build_tiny_vlm,
+    image_token,
+    is_vision_model,
+    load_images,
+    load_processor,
+    load_vision_model,
+)
 
 __all__ = [
     "ATTENTION_IMPLEMENTATIONS", "ATTENTION_TARGETS", "DTYPES", "SMOLLM2_FILE",
@@ -47,5 +56,6 @@ __all__ = [
     "check_lora_targets", "check_model_exists", "corpus_from_prepared", "import_gguf",
     "import_smollm2", "inspect_gguf", "linear_module_names", "load_model_and_tokenizer",
     "load_tokenizer", "meta_model", "resolve_lora_targets", "torch_dtype",
-    "train_bpe_tokenizer",
+    "train_bpe_tokenizer", "build_tiny_vlm", "image_token", "is_vision_model", "load_images",
+    "load_processor", "load_vision_model",
 ]

@@ -117,9 +117,14 @@ class ChatPrompt:
     def text(self) -> str:
         return f"{self.system}\n\n{self.user}" if self.system else self.user
 
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self, n_images: int = 0) -> list[dict[str, Any]]:
+        """The chat messages; with `n_images`, the user turn is content parts: the images
+        first (where a vision-language model's template puts their tokens), then the text."""
         head = [{"role": "system", "content": self.system}] if self.system else []
-        return head + [{"role": "user", "content": self.user}]
+        user: Any = self.user
+        if n_images:
+            user = [{"type": "image"}] * n_images + [{"type": "text", "text": self.user}]
+        return head + [{"role": "user", "content": user}]
 
 
 def format_question_text(question: str, options: Sequence[Mapping[str, str]]) -> str:
@@ -205,17 +210,21 @@ def robiology_item_prompt(example: Mapping[str, Any],
 # ---------------------------------------------------------- the one chat-template site
 
 
-def prompt_text(prompt: ChatPrompt, tokenizer: Any = None, spec: PromptSpec | None = None
-                ) -> str:
+def prompt_text(prompt: ChatPrompt, tokenizer: Any = None, spec: PromptSpec | None = None,
+                n_images: int = 0, image_token: str = "<image>") -> str:
     """What a text-completion engine reads: the tokenizer's chat template where the spec
     uses it (`PromptSpec.uses_chat_template`), otherwise the flattened system + user text.
 
     A template that writes the BOS token itself loses it here when the tokenizer adds one
     on encoding: the text is always encoded with the tokenizer's special tokens (training,
-    the engines, Serve), so the model sees one BOS, templated or not."""
+    the engines, Serve), so the model sees one BOS, templated or not.
+
+    `n_images`: the item's images for a vision-language model, placed by its chat template
+    (image parts before the text), or without a template as `image_token`s before the text;
+    the model's processor expands each into the image's tokens."""
     if not (spec or PromptSpec()).uses_chat_template(tokenizer):
-        return prompt.text
-    text = tokenizer.apply_chat_template(prompt.messages(), tokenize=False,
+        return image_token * n_images + prompt.text
+    text = tokenizer.apply_chat_template(prompt.messages(n_images), tokenize=False,
                                          add_generation_prompt=True)
     bos = getattr(tokenizer, "bos_token", None)
     if bos and text.startswith(bos) and _adds_bos(tokenizer):
