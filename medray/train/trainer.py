@@ -104,7 +104,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
     # Each example's context room: the schedule is sized from them once the epicrises
     # are tokenised (see schedule()).
     rooms = [spec.context_room(prompt_pieces(tokenizer, r.question, spec),
-                               len(answer_ids(tokenizer, r.answer)))
+                               len(answer_ids(tokenizer, r.answer, spec)))
              for r in train.itertuples(index=False)]
     return Preflight(**common, train_rooms=rooms,
                      train_context_ids=train["context_id"].tolist())
@@ -135,6 +135,8 @@ def schedule(cfg: TrainConfig, checked: Preflight, contexts: dict) -> RunPlan:
     world, mb = cfg.scaling.num_workers, cfg.optim.micro_batch_size
     if cfg.data.batching == "pack":
         micro = math.ceil(sum(lengths) / world / n_ctx / mb)
+    elif cfg.data.batching == "prefix":
+        micro = math.ceil(_prefix_rows(cfg, checked, contexts) / world / mb)
     else:
         micro = math.ceil((len(lengths) // world) / mb)
     per_epoch = max(1, micro // cfg.optim.grad_accum)
@@ -146,6 +148,29 @@ def schedule(cfg: TrainConfig, checked: Preflight, contexts: dict) -> RunPlan:
         total_steps=min(total, cfg.optim.max_steps) if cfg.optim.max_steps else total,
         kind=checked.kind,
     )
+
+
+def _prefix_rows(cfg: TrainConfig, checked: Preflight, contexts: dict) -> int:
+    """Rows "prefix" batching makes of an epoch (an estimate): each window of examples
+    holds an epicrisis once per row, with its questions' tails (prompt without the
+    epicrisis, answer room) beside it, up to data.prefix_tokens a row."""
+    n_ctx = cfg.prompt.context_tokens
+    budget = cfg.data.prefix_tokens or 4 * n_ctx
+    window = cfg.optim.micro_batch_size * cfg.data.group_window
+    ids = list(zip(checked.train_context_ids, checked.train_rooms, strict=True))
+    if not ids:  # multiple choice: no epicrisis to share, a row per example at most
+        return checked.n_train
+    rows = 0
+    for start in range(0, len(ids), window):
+        per_context: dict[str, list[int]] = {}
+        for cid, room in ids[start:start + window]:
+            per_context.setdefault(cid, []).append(room)
+        for cid, rooms in per_context.items():
+            prefix = min(len(contexts[cid]), max(rooms))
+            tails = [n_ctx - room for room in rooms]
+            per_row = max(1, (budget - prefix) // max(1, max(tails)))
+            rows += math.ceil(len(rooms) / per_row)
+    return rows
 
 
 def _val_generate_items(cfg: TrainConfig, ids: list[str], contexts: dict) -> list[dict]:
