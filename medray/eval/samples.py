@@ -59,14 +59,15 @@ def _contexts(config: dict, table: pd.DataFrame) -> dict[str, str]:
                     strict=True))
 
 
-def _fields(table: pd.DataFrame, source: str, mcq: bool) -> pd.DataFrame:
+def _fields(table: pd.DataFrame, source: str) -> pd.DataFrame:
     from medray.eval.score import add_meta_fields
 
     metas = [json.loads(m) if isinstance(m, str) and m else (m if isinstance(m, dict) else {})
              for m in table.get("meta", pd.Series([{}] * len(table)))]
-    # EuropeMedQA's country comes from the id; elsewhere only a stored country counts
-    wanted = [f for f in FIELDS if f in table or (f == "country" and (
-        mcq or any("country" in m for m in metas))) or any(f in m for m in metas)]
+    # EuropeMedQA's country comes from the id (IT0001); elsewhere only a stored one counts
+    emq = "dataset" in table and (table["dataset"] == "europemedqa").any()
+    wanted = [f for f in FIELDS if f in table or (f == "country" and emq)
+              or any(f in m for m in metas)]
     return add_meta_fields(table.copy(), wanted, source)
 
 
@@ -93,7 +94,7 @@ def run_items(run_dir: Path, mode: str = "medqaro") -> tuple[dict, list[dict], d
     config, where = _run_inputs(Path(run_dir))
     table, manifest, source = scoring_table(**where)
     mcq = manifest.get("kind") == "mcq" or "option_labels" in table
-    table = _fields(table, source, mcq)
+    table = _fields(table, source)
     preds = table["prediction"].astype(str).tolist()
     if mcq:
         s = mcq_item_scores(table, _group_mapping(config))

@@ -192,6 +192,7 @@ details .ctx{max-height:320px;overflow:auto;background:#fafbfc;border:1px solid 
     body.replaceChildren(frag);
     $("count").textContent = shown.length + " of " + items.length + " items";
     $("count").dataset.shown = String(shown.length);
+    $("count").dataset.query = state.q;
     $("page").textContent = "page " + (state.page + 1) + " of " + pages;
     $("prev").disabled = state.page === 0; $("next").disabled = state.page >= pages - 1;
   }
