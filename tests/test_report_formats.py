@@ -65,6 +65,31 @@ def test_two_runs_of_one_dataset_get_their_own_tasks(baseline_report):
     results = lm_eval_results([run, run.parent / "copy"], [_metrics(run)] * 2)
     assert list(results["results"]) == ["medray_europemedqa_test_emq-random",
                                         "medray_europemedqa_test_copy"]
+    same = lm_eval_results([run, run.parent / "x" / run.name], [_metrics(run)] * 2)
+    assert list(same["results"]) == ["medray_europemedqa_test_emq-random",
+                                     "medray_europemedqa_test_emq-random_"]
+
+
+def test_a_run_without_its_predictions_still_reports(baseline_report, tmp_path):
+    """Only metrics.json left (predictions moved away): the tables and the lm-eval file as
+    before; samples.html shows the other runs and names the one it could not read."""
+    from typer.testing import CliRunner
+
+    from medray.cli import app
+
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "metrics.json").write_text(
+        (baseline_report["runs"]["emq-random"] / "metrics.json").read_text())
+    out = tmp_path / "report"
+    res = CliRunner().invoke(app, ["report", str(bare), str(baseline_report["runs"][
+        "medqaro-rt"]), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert "medray_europemedqa_test" in json.loads((out / "results_lm_eval.json").read_text())[
+        "results"]
+    data = samples_data([bare, baseline_report["runs"]["medqaro-rt"]])
+    assert [u["run"] for u in data["unread"]] == ["bare"] and len(data["items"]) == 164
+    assert '"unread":[{"run":"bare","why":' in (out / "samples.html").read_text()
 
 
 def test_samples_data_matches_the_runs_files(baseline_report):

@@ -183,11 +183,13 @@ def test_script_tags_in_clinical_text_stay_text(browser, tmp_path):
     data = _synthetic(3)
     data["items"][1]["q"] = evil
     data["contexts"]["c1"] = evil
+    data["unread"] = [{"run": "gone", "why": "no predictions.jsonl"}]
     path = tmp_path / "samples.html"
     path.write_text(render_page(data, title="</title><script>window.pwned = 2</script>"))
     p = Page(browser, path)
     assert p.shown() == p.rows() == 3
     assert p.page.evaluate("window.pwned === undefined")
+    assert p.page.inner_text("#unread") == "not shown: gone (no predictions.jsonl)"
     row = p.page.locator("#rows tr.item").nth(1)
     assert row.locator(".q").inner_text() == evil
     row.locator("summary").click()

@@ -30,10 +30,12 @@ STDERR_RULE = ("95% percentile-bootstrap CI width / (2 x 1.96), the normal appro
 def _task_names(runs: Sequence[tuple[str, dict]]) -> list[str]:
     base = [f"medray_{s['run'].get('dataset')}_{s['run'].get('split')}" for _, s in runs]
     clash = {b for b in base if base.count(b) > 1}
-    names = [f"{b}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}" if b in clash else b
-             for b, (name, _) in zip(base, runs, strict=True)]
-    if len(set(names)) != len(names):
-        raise ValueError(f"two runs share a folder name among {[n for n, _ in runs]}")
+    names: list[str] = []
+    for b, (name, _) in zip(base, runs, strict=True):
+        task = f"{b}_{re.sub(r'[^A-Za-z0-9_.-]+', '_', name)}" if b in clash else b
+        while task in names:  # two folders of one name (a/x, b/x)
+            task += "_"
+        names.append(task)
     return names
 
 

@@ -130,20 +130,31 @@ def run_items(run_dir: Path, mode: str = "medqaro") -> tuple[dict, list[dict], d
 
 
 def samples_data(runs: Sequence[Path], mode: str = "medqaro") -> dict[str, Any]:
-    """The page's data: runs, filter fields, contexts and items (answers per run)."""
-    heads, contexts = [], {}
+    """The page's data: runs, filter fields, contexts and items (answers per run). A run
+    whose items cannot be read (its predictions or references moved) is listed under
+    "unread" with the reason, and the page shows the others."""
+    from medray.eval.breakdown import BreakdownError
+    from medray.eval.score import ScoreInputError
+
+    heads, contexts, unread = [], {}, []
     merged: dict[str, dict] = {}
-    for j, run_dir in enumerate(runs):
-        head, items, ctx = run_items(Path(run_dir), mode)
+    readable = []
+    for run_dir in runs:
+        try:
+            readable.append(run_items(Path(run_dir), mode))
+        except (BreakdownError, ScoreInputError, OSError, KeyError, ValueError) as err:
+            unread.append({"run": Path(run_dir).name, "why": str(err)})
+    for j, (head, items, ctx) in enumerate(readable):
         heads.append(head)
         contexts.update(ctx)
         for item in items:
             answer = item.pop("answer")
             key = item.pop("key")
-            entry = merged.setdefault(key, {**item, "r": [None] * len(runs)})
+            entry = merged.setdefault(key, {**item, "r": [None] * len(readable)})
             entry["r"][j] = answer
     items = list(merged.values())
     present = [f for f in FIELDS if any(f in it["f"] for it in items)]
     if len({it["f"].get("dataset") for it in items}) < 2 and "dataset" in present:
         present.remove("dataset")
-    return {"runs": heads, "fields": present, "contexts": contexts, "items": items}
+    return {"runs": heads, "fields": present, "contexts": contexts, "items": items,
+            "unread": unread}

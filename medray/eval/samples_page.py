@@ -69,6 +69,7 @@ details .ctx{max-height:320px;overflow:auto;background:#fafbfc;border:1px solid 
 </div>
 </header>
 <noscript>This page needs JavaScript to show the items.</noscript>
+<div id="unread" class="meta"></div>
 <table><thead><tr id="head"></tr></thead><tbody id="rows"></tbody></table>
 <div class="pager"><button id="prev" type="button">previous</button>
 <span id="page"></span><button id="next" type="button">next</button></div>
@@ -110,6 +111,8 @@ details .ctx{max-height:320px;overflow:auto;background:#fafbfc;border:1px solid 
     sel.addEventListener("change", () => { state.f[f] = sel.value; update(); });
     label.appendChild(sel); $("filters").appendChild(label);
   }
+  for (const u of D.unread || []) $("unread").appendChild(el("div", null, "not shown: " +
+    u.run + " (" + u.why + ")"));
   runs.forEach((r, j) => { $("run").appendChild(el("option", null, r.name)).value = String(j); });
   if (runs.length < 2) $("run").parentElement.style.display = "none";
   if (!runs.some((r) => r.kind === "generative")) {
