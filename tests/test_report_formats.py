@@ -127,3 +127,34 @@ def test_page_embeds_clinical_text_safely():
     assert "http://" not in page and "https://" not in page  # nothing to fetch, ever
     assert "fetch(" not in page and "XMLHttpRequest" not in page
     assert "default-src 'none'" in page
+
+
+def test_loglik_two_metric_modes_and_undefined_means(baseline_report):
+    """Option log-likelihood as the `loglik` filter, each generative metric mode as its own
+    filter, and a metric with nothing to average left out (lm-eval's schema wants numbers)."""
+    pytest.importorskip("lm_eval")
+    from lm_eval.result_schema import EvalResults
+    from lm_eval.utils import make_table
+    from pydantic import TypeAdapter
+
+    from medray.eval.lm_eval_results import lm_eval_results
+
+    runs = baseline_report["runs"]
+    mcq = _metrics(runs["emq-random"])
+    block = mcq["metrics"]["mcq"]
+    block["loglik"] = {"n": 36, "acc": {"mean": 0.25, "ci95": [0.1, 0.4]},
+                       "acc_norm": {"mean": 0.3, "ci95": [0.15, 0.45]}}
+    block["metrics"]["accuracy"] = {"mean": None, "ci95": [None, None]}
+    gen = _metrics(runs["medqaro-rt"])
+    gen["metrics"]["robust"] = json.loads(json.dumps(gen["metrics"]["medqaro"])) | {
+        "mode": "robust"}
+    gen["run"]["sample"] = {"n": 164, "seed": 3, "of": 400}
+    results = lm_eval_results([runs["emq-random"], runs["medqaro-rt"]], [mcq, gen])
+    TypeAdapter(EvalResults).validate_python(results)
+    emq, mq = results["results"].values()
+    assert "acc,none" not in emq and emq["acc,loglik"] == 0.25
+    assert emq["acc_norm_stderr,loglik"] == pytest.approx(0.3 / 3.92, rel=1e-3)
+    assert mq["f1,medqaro"] == mq["f1,robust"]
+    assert results["n-samples"]["medray_medqaro_test"] == {"original": 400, "effective": 164}
+    table = make_table(results)
+    assert "loglik" in table and "robust" in table and "|acc_norm" in table

@@ -30,6 +30,7 @@ header{position:sticky;top:0;background:#fff;border-bottom:1px solid #d5d9e0;
 h1{font-size:16px;margin:0 0 6px}
 .controls{display:flex;flex-wrap:wrap;gap:6px 12px;align-items:center}
 .controls label{font-size:12px;color:#4a5263}
+#filters{display:contents}
 select,input,button{font:inherit;font-size:13px}
 #search{min-width:260px}
 #count{font-weight:600;margin-left:auto}
