@@ -124,8 +124,12 @@ def run_items(run_dir: Path, mode: str = "medqaro") -> tuple[dict, list[dict], d
             item["ctx"] = str(r["context_id"])
         items.append(item)
     engine = config.get("engine") or {}
+    model = engine.get("model") or engine.get("baseline") or ""
+    metrics = Path(run_dir) / "metrics.json"
+    if metrics.is_file():  # the label the report's tables show
+        model = (json.loads(metrics.read_text()).get("run") or {}).get("model") or model
     head = {"name": Path(run_dir).name, "kind": "mcq" if mcq else "generative",
-            "metric": metric, "model": str(engine.get("model") or engine.get("baseline") or "")}
+            "metric": metric, "model": str(model)}
     return head, items, _contexts(config, table)
 
 
