@@ -116,6 +116,11 @@ def write_demo_results(rows: list[dict], need: float) -> None:
     def wall(r: dict) -> str:
         return f"{r['wall_s'] / 60:.1f} min"
 
+    def minutes(rows: list[dict]) -> str:
+        walls = sorted(r["wall_s"] / 60 for r in rows)
+        return (f"{walls[0]:.0f} min" if len(walls) == 1 or round(walls[0]) == round(walls[-1])
+                else f"{walls[0]:.0f}-{walls[-1]:.0f} min")
+
     def spread(values: list[float]) -> str:
         return (f"{values[0]:+.3f}" if len(values) == 1
                 else f"{min(values):+.3f} to {max(values):+.3f}")
@@ -137,7 +142,7 @@ def write_demo_results(rows: list[dict], need: float) -> None:
                     f"{spread([r['margin'] for r in rows])} F1 over the majority baseline "
                     f"on held-out patients{versus} (required: {need}) "
                     f"and {spread(cross)} cross-domain (seed{'s' if len(rows) > 1 else ''} "
-                    f"{seeds})",
+                    f"{seeds}), in {minutes(rows)} end to end",
         "tables": [{"title": "F1 (medqaro mode) with 95% patient-bootstrap CIs: in-domain "
                              f"test ({rows[0]['n_test']} questions of "
                              f"{rows[0]['n_test_patients']} patients) and cross-domain "
