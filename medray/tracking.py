@@ -191,12 +191,18 @@ class Tracker:
             import wandb
 
             self.folder.mkdir(parents=True, exist_ok=True)
-            self.wandb = wandb.init(
-                project=self.cfg.wandb.project, entity=self.cfg.wandb.entity,
-                name=self.name, job_type=self.kind, dir=str(self.folder), config=flat,
-                tags=[self.kind], mode=self.cfg.wandb.mode, reinit="create_new",
-                # no stdout capture (the console is ours), no system-metrics sampler
-                settings=wandb.Settings(console="off", x_disable_stats=True, silent=True))
+            try:
+                self.wandb = wandb.init(
+                    project=self.cfg.wandb.project, entity=self.cfg.wandb.entity,
+                    name=self.name, job_type=self.kind, dir=str(self.folder), config=flat,
+                    tags=[self.kind], mode=self.cfg.wandb.mode, reinit="create_new",
+                    # no stdout capture (the console is ours), no system-metrics sampler
+                    settings=wandb.Settings(console="off", x_disable_stats=True, silent=True))
+            except Exception as exc:  # noqa: BLE001  (not logged in, no network, ...)
+                self.finish(ok=False)  # the MLflow run just opened, if any
+                raise ConfigError(f"W&B project {self.cfg.wandb.project!r}: cannot start a "
+                                  f"run ({type(exc).__name__}: {exc}); `wandb login`, or "
+                                  "WANDB_MODE=offline to keep it local") from None
         return self
 
     def _safely(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> None:
