@@ -86,7 +86,19 @@ class RelayedWriter:
         self._writer.add_scalar(tag, value, step)
         self._board.log.remote(tag, float(value), int(step))  # fire and forget
 
-    def __getattr__(self, name: str) -> Any:  # flush, close, log_dir, medray_fallback
+    def close(self) -> None:
+        """Close the writer once the board has every scalar: one caller's actor calls run in
+        order, so an answered read means the posts before it arrived (the worker may exit
+        right after this)."""
+        import ray
+
+        self._writer.close()
+        try:
+            ray.get(self._board.read.remote(), timeout=30)
+        except Exception:  # the driver gone or restarting: nothing left to hand over
+            pass
+
+    def __getattr__(self, name: str) -> Any:  # flush, log_dir, medray_fallback
         return getattr(self._writer, name)
 
 
