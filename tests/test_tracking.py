@@ -161,15 +161,17 @@ def test_an_unreachable_server_fails_before_any_work(tiny_model, medqaro_prepare
 
 def test_training_logs_params_step_and_epoch_metrics_and_artifacts(
         mlflow_server, ray_session, tiny_model, medqaro_prepared, tmp_path, monkeypatch):
-    from medray.train.presets import tiny_config
-    from medray.train.trainer import run_training
-
+    """`medray train --mlflow URI` (its console draws the progress board the scalars travel
+    through), W&B offline from the config's tracking section."""
     monkeypatch.setenv("WANDB_API_KEY", "k" * 40)  # must never reach the logged config
     out = tmp_path / "tracked-train"
-    cfg = tiny_config(tiny_model, medqaro_prepared, [
-        *TINY_RUN, f"tracking.mlflow.uri={mlflow_server}", "tracking.mlflow.experiment=t-train",
-        "tracking.wandb.project=medray-test", "tracking.wandb.mode=offline"])
-    metrics = run_training(cfg, out)
+    config = _tiny_config_file(tmp_path, tiny_model, medqaro_prepared,
+                               mlflow={"experiment": "t-train"},
+                               wandb={"project": "medray-test", "mode": "offline"})
+    result = CliRunner().invoke(app, ["train", "--config", str(config), "--output", str(out),
+                                      "--mlflow", mlflow_server, *TINY_RUN])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads((out / "metrics.json").read_text())
     total = metrics["plan"]["total_steps"]
 
     (run,) = _runs(mlflow_server, "t-train")
@@ -177,6 +179,7 @@ def test_training_logs_params_step_and_epoch_metrics_and_artifacts(
     # the whole resolved config, flattened, and nothing else
     assert run.data.params == flatten(metrics["config"])
     assert run.data.params["optim.lr"] == "0.003"
+    assert run.data.params["tracking.mlflow.uri"] == mlflow_server  # --mlflow was applied
     assert run.data.params["prompt.chat_template"] in ("true", "false")  # auto, decided
     client = _client(mlflow_server)
     steps = [m.step for m in client.get_metric_history(run.info.run_id, "train/loss")]
