@@ -184,7 +184,7 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print,
         tuner = tune.Tuner.restore(str(exp.resolve()), trainable=_trainable(plan),
                                    resume_unfinished=True, resume_errored=True,
                                    restart_errored=False)
-        tracker = None  # a resumed sweep's trials keep the loggers Tune restores
+        tracker = None  # a resumed sweep opens no second parent run
     else:
         _write_spec(plan)
         tracker, tracking_callbacks = start_sweep_tracking(plan)
