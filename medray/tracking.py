@@ -147,8 +147,9 @@ def check_tracking(cfg: TrackingConfig) -> None:
 
 
 class Tracker:
-    """One tracked run on every backend the config turns on; every method is a no-op when
-    none is. `parent`: an MLflow run id this run is a child of (a sweep's trial)."""
+    """One tracked run on every backend the config turns on (`start`), logged from the
+    driver; the logging methods skip a backend that is off. Used as a context manager it
+    ends the runs, FAILED when the block raised."""
 
     def __init__(self, cfg: TrackingConfig, *, kind: str, name: str, folder: Path,
                  tags: Mapping[str, str] | None = None) -> None:
@@ -160,10 +161,6 @@ class Tracker:
         self.run_id: str | None = None
         self.wandb: Any = None
         self.warnings: list[str] = []
-
-    @property
-    def active(self) -> bool:
-        return self.run_id is not None or self.wandb is not None
 
     def start(self, params: Mapping[str, Any]) -> Tracker:
         """Open the runs and log `params` (a nested config). Fails, as ConfigError naming
