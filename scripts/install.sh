@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Create or reuse the project virtual environment and install medray into it.
-# Usage: scripts/install.sh [VENV_DIR] [EXTRAS]   (defaults: .venv, cpu,dev)
+# Usage: scripts/install.sh [VENV_DIR] [EXTRAS]   (defaults: .venv, cpu,dev,tracking)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
-EXTRAS="${2:-cpu,dev}"
+EXTRAS="${2:-cpu,dev,tracking}"
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 

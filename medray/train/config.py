@@ -18,6 +18,7 @@ from medray.config import apply_overrides as apply_overrides
 from medray.config import format_errors as format_errors
 from medray.config import parse_override as parse_override
 from medray.prompts.spec import TRAIN_STRATEGIES, PromptSpec, moved_prompt_keys
+from medray.tracking import TrackingConfig
 
 
 class ModelConfig(_Strict):
@@ -144,6 +145,8 @@ class TrainConfig(_Strict):
     scaling: ScalingConfig = ScalingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     fault: FaultConfig = FaultConfig()
+    # MLflow / W&B (medray.tracking); off by default. A sweep tracks with its base config's.
+    tracking: TrackingConfig = TrackingConfig()
     name: str = "medray-finetune"
 
     @model_validator(mode="after")

@@ -25,7 +25,7 @@ from medray.train.device import (
     worker_device,
 )
 from medray.train.plan import RunPlan
-from medray.train.progress import rank_zero_bar
+from medray.train.progress import RelayedWriter, rank_zero_bar
 from medray.train.step import eval_loss, train_step
 
 
@@ -265,6 +265,8 @@ def setup_worker(config: dict) -> WorkerRun:
         state["resumed_from"] = engine.global_steps
     state.setdefault("workers", []).append(worker_nodes(world))
     writer = _tensorboard(plan.tensorboard_dir, rank)
+    if writer and plan.tracked and plan.progress_board:  # the driver logs them (tracking)
+        writer = RelayedWriter(writer, plan.progress_board)
     bar = rank_zero_bar(plan.total_steps, engine.global_steps, rank, plan.progress_board)
     _log(rank, f"worker ready on {device}: {time.perf_counter() - t_start:.1f}s "
                "(model, LoRA, DeepSpeed)")

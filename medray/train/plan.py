@@ -45,6 +45,7 @@ class RunPlan:
     cache_dir: str | None = None
     tensorboard_dir: str | None = None
     progress_board: str | None = None  # the driver's progress board actor, if it draws one
+    tracked: bool = False  # rank 0 posts its scalars to the board for MLflow / W&B
     kind: str = "generative"  # or "mcq"
     # The fixed validation subset: {"id", "answer", "prompt_ids"} (the served prompt);
     # multiple choice: {"id", "mcq", "prompt_ids", "max_new_tokens"} (medray.train.mcq).

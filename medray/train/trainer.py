@@ -303,21 +303,35 @@ def _chat_template_decided(cfg: TrainConfig) -> TrainConfig:
 
 
 def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print,
-                 callbacks: Sequence[Any] = (), display: Any = None) -> dict:
+                 callbacks: Sequence[Any] = (), display: Any = None, track: bool = True) -> dict:
     """`medray train`. `callbacks`: extra Ray Train callbacks on the TorchTrainer's RunConfig
     (a Tune sweep passes its TuneReportCallback here, medray.tune.trial). `display`: a
-    medray.console.Display to draw the training progress bar on."""
-    import ray
-
-    from medray.cluster import check_shared_storage, require_connected
-    from medray.train.checkpoints import export_adapter, load_state
-    from medray.train.data import tokenize_contexts
-    from medray.train.progress import TrainingBoard
+    medray.console.Display to draw the training progress bar on. `track`: log to the
+    config's `tracking:` backends (a sweep's trials leave that to the sweep)."""
+    from medray.train.tracked import finish_tracking, start_tracking
 
     output = Path(output)
     checked = preflight(cfg)
     cfg = _chat_template_decided(cfg)  # recorded in prompt.json and metrics.json as used
+    # Opened before Ray work starts: a tracking server that cannot be reached fails here.
+    tracker = start_tracking(cfg, output) if track else None
+    if tracker is None:
+        return _train(cfg, checked, output, log, callbacks, display, None)
+    with tracker:  # ends the tracked run FAILED when training raises
+        metrics = _train(cfg, checked, output, log, callbacks, display, tracker)
+        finish_tracking(tracker, metrics, output, log)
+    return metrics
+
+
+def _train(cfg: TrainConfig, checked: Preflight, output: Path, log: Any,
+           callbacks: Sequence[Any], display: Any, tracker: Any) -> dict:
+    import ray
+
+    from medray.cluster import check_shared_storage, require_connected
     from medray.io import claim_directory
+    from medray.train.checkpoints import export_adapter, load_state
+    from medray.train.data import tokenize_contexts
+    from medray.train.progress import TrainingBoard
 
     require_connected("training")  # joined by the entry point, with scaling.local_cpus()
     # Workers on other nodes write checkpoints there and the driver exports from there.
@@ -343,13 +357,20 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
         contexts_ref = ray.put(contexts)
         datasets = _datasets(cfg, plan, contexts, contexts_ref)
         val_generate = _val_generate_items(cfg, checked.val_gen_ids, contexts)
-    board = TrainingBoard() if display is not None else None
+    board = TrainingBoard() if display is not None or tracker is not None else None
     plan = replace(plan, cache_dir=resolve_cache_dir(cfg, output),
                    tensorboard_dir=str((output / "tensorboard").resolve()),
-                   progress_board=board.name if board else None, val_generate=val_generate)
+                   progress_board=board.name if board else None, val_generate=val_generate,
+                   tracked=tracker is not None)
     trainer = build_trainer(cfg, output, plan, datasets, callbacks)
-    with board.shown(display) if board else nullcontext(), _sigint_handler_restored():
-        result = trainer.fit()
+    try:
+        with (board.shown(display) if board and display is not None else nullcontext(),
+              board.relayed(tracker.log_metrics) if board and tracker else nullcontext(),
+              _sigint_handler_restored()):
+            result = trainer.fit()
+    finally:
+        if board:
+            board.close()
     if result.error:
         raise result.error
 
