@@ -17,6 +17,9 @@ choice the margin over each baseline against the fine-tuned CI's half-width.
 
 Run alone on a quiet machine (it starts its own local Ray):
     flock /tmp/medray-heavy.lock .venv/bin/python bench/mcq_finetune.py --seed 0
+With --model smollm2 the real model's recipe runs instead (configs/smollm2-robiology-cpu.yaml:
+`medray model smollm2`, plain LoRA; the fine-tuned row answered by the vllm engine) and the
+results go to docs/results/mcq_finetune_smollm2.json.
 """
 
 from __future__ import annotations
@@ -31,8 +34,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "configs" / "tiny-robiology-cpu.yaml"
-SYSTEMS = {"fine_tuned": "tiny model + PEFT (fine-tuned)", "random": "random guess (seeded)",
+CONFIGS = {"tiny": ROOT / "configs" / "tiny-robiology-cpu.yaml",
+           "smollm2": ROOT / "configs" / "smollm2-robiology-cpu.yaml"}
+NAMES = {"tiny": "tiny model", "smollm2": "SmolLM2-135M-Instruct"}
+SYSTEMS = {"fine_tuned": "{model} + PEFT (fine-tuned)", "random": "random guess (seeded)",
            "majority": "majority letter per kind (train split)"}
 
 
@@ -45,18 +50,21 @@ def medray(*args: str) -> None:
                  f"{res.stderr[-3000:]}")
 
 
-def run(work: Path, seed: int, scale: str, overrides: list[str]) -> dict:
+def run(work: Path, seed: int, scale: str, overrides: list[str], base: str = "tiny") -> dict:
     raw, data, model, train = (work / n for n in ("raw", "data", "model", "train"))
     t0 = time.time()
     medray("data", "synth", "--dataset", "robiology", "--out", str(raw), "--seed", str(seed),
            "--scale", scale)
     medray("data", "prepare", "--dataset", "robiology", "--input", str(raw), "--out", str(data))
-    medray("model", "tiny", "--out", str(model), "--corpus", str(data), "--seed", str(seed))
+    if base == "smollm2":
+        medray("model", "smollm2", "--out", str(model))
+    else:
+        medray("model", "tiny", "--out", str(model), "--corpus", str(data), "--seed", str(seed))
     t_train = time.time()
-    medray("train", "--config", str(CONFIG), "--output", str(train),
+    medray("train", "--config", str(CONFIGS[base]), "--output", str(train),
            f"model.name_or_path={model}", f"data.path={data}", f"optim.seed={seed}", *overrides)
     train_s = time.time() - t_train
-    engines = {"fine_tuned": {"kind": "hf", "model": str(model),
+    engines = {"fine_tuned": {"kind": "vllm" if base == "smollm2" else "hf", "model": str(model),
                               "adapter": str(train / "adapter")},
                "random": {"kind": "baseline", "baseline": "random"},
                "majority": {"kind": "baseline", "baseline": "majority"}}
@@ -68,7 +76,8 @@ def run(work: Path, seed: int, scale: str, overrides: list[str]) -> dict:
         medray("eval", "--config", str(cfg), "--output", str(out))
         scores[system] = json.loads((out / "metrics.json").read_text())["metrics"]["mcq"]
     trained = json.loads((train / "metrics.json").read_text())
-    return {"seed": seed, "scale": scale, "overrides": overrides, "scores": scores,
+    return {"seed": seed, "scale": scale, "model": base, "overrides": overrides,
+            "scores": scores,
             "train_s": round(train_s, 1), "wall_s": round(time.time() - t0, 1),
             "steps": trained["plan"]["total_steps"],
             "exported": trained["exported"]["record"]}
@@ -97,6 +106,7 @@ def table(row: dict) -> list[str]:
             mean, ci = _acc(s["per_kind"][k])
             cells.append(f"{mean:.3f} [{ci[0]:.3f}, {ci[1]:.3f}]")
         conf = s["n_conforming"] / s["n"] if s["n"] else float("nan")
+        label = label.format(model=NAMES[row.get("model", "tiny")])
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {conf:.2f} |")
     ft, ci = _acc(row["scores"]["fine_tuned"]["per_kind"]["single"])
     half = (ci[1] - ci[0]) / 2
@@ -116,12 +126,14 @@ def results(row: dict) -> dict:
     for system, label in SYSTEMS.items():
         s = row["scores"][system]
         acc = [dict(zip(("mean", "ci95"), _acc(s["per_kind"][k]), strict=True)) for k in kinds]
-        rows.append([label, *acc, s["n_conforming"] / s["n"] if s["n"] else None])
+        conforming = s["n_conforming"] / s["n"] if s["n"] else None
+        rows.append([label.format(model=NAMES[row.get("model", "tiny")]), *acc, conforming])
     ft = _acc(row["scores"]["fine_tuned"]["per_kind"]["single"])[0]
     majority = _acc(row["scores"]["majority"]["per_kind"]["single"])[0]
     n = {k: row["scores"]["fine_tuned"]["per_kind"][k]["n"] for k in kinds}
     return {
-        "headline": f"the tiny multiple-choice recipe ({row['steps']:,} steps, training "
+        "headline": f"the {NAMES[row.get('model', 'tiny')]} multiple-choice recipe "
+                    f"({row['steps']:,} steps, training "
                     f"{row['train_s'] / 60:.1f} min) scores {ft:.3f} on single choice against "
                     f"{majority:.3f} for the majority letter",
         "tables": [{"title": f"seed {row['seed']}, {row['scale']} synthetic RoBiology; test "
@@ -143,20 +155,23 @@ def main() -> None:
                          "to learn from)")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                     help="training config overrides, e.g. optim.epochs=8")
+    ap.add_argument("--model", choices=tuple(CONFIGS), default="tiny",
+                    help="which recipe: the tiny model's or SmolLM2's")
     ap.add_argument("--json", help="also write the row as JSON here")
     ap.add_argument("--keep", help="keep the run's folders here (default: a temp folder)")
     args = ap.parse_args()
     if args.keep:
-        row = run(Path(args.keep), args.seed, args.scale, args.set)
+        row = run(Path(args.keep), args.seed, args.scale, args.set, args.model)
     else:
         with tempfile.TemporaryDirectory(prefix="mcq-finetune-") as tmp:
-            row = run(Path(tmp), args.seed, args.scale, args.set)
+            row = run(Path(tmp), args.seed, args.scale, args.set, args.model)
     print("\n".join(table(row)))
     if args.json:
         Path(args.json).write_text(json.dumps(row, indent=1) + "\n")
     from _results import write_results
 
-    write_results("mcq_finetune", results(row),
+    name = "mcq_finetune" if args.model == "tiny" else f"mcq_finetune_{args.model}"
+    write_results(name, results(row),
                   command=shlex.join(["bench/mcq_finetune.py", *sys.argv[1:]]))
 
 

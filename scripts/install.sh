@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Create or reuse the project virtual environment and install medray into it.
-# Usage: scripts/install.sh [VENV_DIR] [EXTRAS]   (defaults: .venv, cpu,dev)
+# Usage: scripts/install.sh [VENV_DIR] [EXTRAS]   (defaults: .venv, cpu,dev,tracking)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${1:-.venv}"
-EXTRAS="${2:-cpu,dev}"
+EXTRAS="${2:-cpu,dev,tracking}"
 PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 
@@ -34,5 +34,24 @@ fi
 # Offline WordNet for NLTK's METEOR (no download at run time).
 if [ -f scripts/provision_wordnet.sh ]; then
   bash scripts/provision_wordnet.sh "$VENV" || echo "warning: WordNet not provisioned; METEOR will run without synonyms" >&2
+fi
+# Debian's Chromium for the browser test of `medray report`'s samples.html (driven by the
+# playwright package of the dev extra; playwright's own browser download is never used).
+# Only with the dev extra, where apt-get exists and chromium is missing; never fatal.
+if [[ ",$EXTRAS," == *",dev,"* ]] && [ ! -x /usr/bin/chromium ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    apt_log="$(mktemp)"
+    if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+           --no-install-recommends chromium; } >"$apt_log" 2>&1; then
+      echo "installed Debian's chromium (browser tests)"
+    else
+      cat "$apt_log" >&2
+      echo "warning: chromium not installed; the browser tests will be skipped" >&2
+    fi
+    rm -f "$apt_log"
+  else
+    echo "warning: no /usr/bin/chromium and no apt-get as root; the browser tests will be" \
+         "skipped" >&2
+  fi
 fi
 "$VENV/bin/python" -c "import medray, transformers, ray; print('medray installed in $VENV')"

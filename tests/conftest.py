@@ -227,3 +227,32 @@ def smollm2_model(tmp_path_factory) -> Path:
     result = CliRunner().invoke(app, ["model", "smollm2", "--out", str(out)])
     assert result.exit_code == 0, result.output
     return out
+
+
+# --- a report over two baseline runs (no model) ---
+@pytest.fixture(scope="session")
+def baseline_report(medqaro_prepared, europemedqa_prepared, tmp_path_factory) -> dict:
+    """`medray report` over a random-letter EuropeMedQA run and a random-token MedQARo run
+    (in-process baselines: no model, a few seconds): {"runs": {name: dir}, "out": dir}."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from medray.cli import app
+
+    root = tmp_path_factory.mktemp("baseline_report")
+    runs = {}
+    for name, data, engine in [
+        ("emq-random", europemedqa_prepared, {"kind": "baseline", "baseline": "random"}),
+        ("medqaro-rt", medqaro_prepared,
+         {"kind": "baseline", "baseline": "random-token", "tokens": 64}),
+    ]:
+        cfg = root / f"{name}.yaml"
+        cfg.write_text(yaml.safe_dump({"data": str(data), "engine": engine,
+                                       "score": {"resamples": 50, "wordnet": False}}))
+        result = CliRunner().invoke(app, ["eval", "-c", str(cfg), "-o", str(root / name)])
+        assert result.exit_code == 0, result.output
+        runs[name] = root / name
+    out = root / "report"
+    result = CliRunner().invoke(app, ["report", *map(str, runs.values()), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    return {"runs": runs, "out": out, "output": result.output}

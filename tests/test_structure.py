@@ -101,7 +101,7 @@ def test_no_import_cycle_in_medray():
 # base modules; `medray.serve_app` is the Serve app's old import path, kept for users'
 # Serve YAML files, and `medray.__main__` is `python -m medray`.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("medray", "config", "io", "text", "cluster", "console"),
+    ("medray", "config", "io", "text", "cluster", "console", "tracking"),
     ("data",),
     ("prompts",),
     ("models",),

@@ -157,6 +157,47 @@ def test_packed_rows_do_not_attend_across_examples(tiny_model, tok, epicrisis):
     torch.testing.assert_close(packed[60:105], alone_b, atol=1e-4, rtol=1e-4)
 
 
+def test_prefix_rows_give_each_example_its_own_loss(tiny_model, tok, epicrisis):
+    """One epicrisis, four questions: the prefix row computes the epicrisis once, and the
+    summed answer loss (and its gradient) equals the examples' losses one by one."""
+    import torch
+
+    from medray.models import load_model_and_tokenizer
+    from medray.train.collate import micro_batches, prefix_trees
+    from medray.train.step import answer_loss
+
+    model, _ = load_model_and_tokenizer(str(tiny_model), "fp32")
+    ctx = encode_context(tok, epicrisis)
+    qa = [(Q, A), ("Care este stadiul?", "IIIB"), ("Ce vârstă are pacienta?", "54 de ani"),
+          ("Este fumătoare?", "Da")]
+    rows = [build_example(tok, q, a, ctx, spec("eqa", 120)) for q, a in qa]
+    other = build_example(tok, Q, A, encode_context(tok, "Alt pacient, alt text."),
+                          spec("eqa", 120))
+    trees = prefix_trees([*rows, other], max_tokens=10_000)
+    assert sorted(len(t.tails) for t in trees) == [1, 4]  # the other patient shares nothing
+    shared = next(t for t in trees if len(t.tails) == 4)
+    assert len(shared.prefix_ids) > 64 and len(shared) < sum(len(r["input_ids"]) for r in rows)
+    (batch,) = micro_batches(rows, batch_size=4, pad_id=tok.pad_token_id, mode="prefix",
+                             max_len=10_000, window=8)
+    assert batch["input_ids"].shape[0] == 1 and batch["attention_mask"].dim() == 4
+
+    def loss_and_grad(batches: list) -> tuple[float, float, torch.Tensor]:
+        model.zero_grad()
+        total, n = torch.zeros(()), torch.zeros((), dtype=torch.long)
+        for b in batches:
+            s, k = answer_loss(model, b, torch.device("cpu"))
+            total, n = total + s, n + k
+        total.backward()
+        grad = model.get_input_embeddings().weight.grad.clone()
+        return float(total.detach()), int(n), grad
+
+    together = loss_and_grad([batch])
+    alone = loss_and_grad(list(micro_batches(rows, batch_size=1, pad_id=tok.pad_token_id)))
+    assert together[1] == alone[1] > 4
+    assert together[0] == pytest.approx(alone[0], rel=1e-4)
+    torch.testing.assert_close(together[2], alone[2], atol=1e-5, rtol=1e-4)
+
+
 def test_ray_data_pipeline_tokenises_each_epicrisis_once(ray_session, medqaro_prepared,
                                                          tiny_model, tok):
     from medray.data.prepared import load_prepared

@@ -37,6 +37,9 @@ def test_paper_defaults_and_overrides(tmp_path):
     ({"extra": 1}, "unknown key 'extra'"),
     ({"deepspeed": {"stage": 4}}, "'deepspeed.stage'"),
     ({"deepspeed": {"stage": 2, "offload_params": True}}, "offload_params needs"),
+    ({"data": {"path": "d", "batching": "prefix"},
+      "model": {"name_or_path": "m", "attn_implementation": "eager"}},
+     "data.batching 'prefix' needs model.attn_implementation 'sdpa'"),
 ])
 def test_bad_keys_are_named(tmp_path, bad, key):
     raw = {"model": {"name_or_path": "m"}, "data": {"path": "d"}, **bad}

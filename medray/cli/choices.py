@@ -66,3 +66,8 @@ class DType(StrEnum):
     fp32 = "fp32"
     bf16 = "bf16"
     fp16 = "fp16"
+
+
+class DemoModel(StrEnum):
+    tiny = "tiny"
+    smollm2 = "smollm2"

@@ -7,14 +7,21 @@ from typing import Annotated
 
 import typer
 
+from medray.cli.choices import DemoModel
+
 
 def demo(
     output: Annotated[Path, typer.Option(
         help="where the demo writes everything")] = Path("runs/demo"),
     seed: Annotated[int, typer.Option(
         help="seed of the synthetic data, model init and training")] = 0,
+    model: Annotated[DemoModel, typer.Option(
+        help="the model fine-tuned: tiny (random-init, pre-trained by the demo; fastest) or "
+        "smollm2 (SmolLM2-135M-Instruct from its wheel, plain LoRA; configs/demo-smollm2.yaml)"
+    )] = DemoModel.tiny,
     config: Annotated[Path | None, typer.Option(
-        help="demo recipe (default: configs/demo.yaml)")] = None,
+        help="demo recipe (default: configs/demo.yaml, or configs/demo-smollm2.yaml with "
+        "--model smollm2)")] = None,
     address: Annotated[str | None, typer.Option(
         help="Ray address (default: RAY_ADDRESS, else local)")] = None,
     verbose: Annotated[bool, typer.Option(
@@ -22,10 +29,11 @@ def demo(
     overrides: Annotated[list[str] | None, typer.Argument(
         help="dotted key=value recipe overrides, e.g. train.optim.max_steps=100")] = None,
 ) -> None:
-    """The whole pipeline on synthetic data: tiny model, Ray Train LoRA, Serve, eval, report."""
+    """The whole pipeline on synthetic data: a small model, Ray Train LoRA, Serve, eval,
+    report."""
     from medray.config import ConfigError
     from medray.console import command_console, fail
-    from medray.demo import DEFAULT_DEMO_CONFIG, run_demo
+    from medray.demo import DEMO_CONFIGS, run_demo
     from medray.io import OutputRefused, claim_directory
 
     try:  # claimed before the console writes OUTPUT/logs into it
@@ -34,8 +42,9 @@ def demo(
         fail(str(err))
     with command_console("demo", output / "logs", verbose=verbose) as display:
         try:
-            run_demo(output, seed=seed, config=config or DEFAULT_DEMO_CONFIG,
-                     overrides=overrides or [], address=address, console=display.console)
+            run_demo(output, seed=seed, config=config or DEMO_CONFIGS[model.value],
+                     overrides=overrides or [], address=address, console=display.console,
+                     base=model.value if config is None or model != DemoModel.tiny else None)
         except (ConfigError, OutputRefused) as err:
             fail(str(err))
 

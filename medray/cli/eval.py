@@ -17,7 +17,9 @@ import typer
 
 from medray.cli.choices import MetricMode
 from medray.cli.raystart import start_ray
+from medray.cli.train import MLFLOW_HELP, WANDB_HELP
 from medray.console import command_console, fail
+from medray.tracking import check_tracking, with_flags
 
 _CFG = "--config path (any engine, from a YAML file)"
 _ENG = "--engine path (shorthand: the config from flags)"
@@ -97,6 +99,10 @@ def eval_cmd(
         rich_help_panel=_ENG)] = None,
     as_json: Annotated[bool, typer.Option(
         "--json", help="print the metrics as JSON", rich_help_panel=_ENG)] = False,
+    mlflow: Annotated[str | None, typer.Option(
+        "--mlflow", metavar="URI", help=MLFLOW_HELP)] = None,
+    wandb: Annotated[str | None, typer.Option(
+        "--wandb", metavar="PROJECT", help=WANDB_HELP)] = None,
 ) -> None:
     """Evaluate on a split: --config EVAL.yaml, or --engine SPEC --data DIR (the same run
     from flags: zero-/few-shot through an API or local engine). Accuracy or F1 with CIs in
@@ -121,7 +127,13 @@ def eval_cmd(
     if output is None:
         fail("missing option --output DIR (the run directory)")
     cfg = _config(config, engine, flags)
+    cfg.tracking = with_flags(cfg.tracking, mlflow, wandb)
     plan = _plan(cfg, dry_run, shorthand=engine is not None)
+    if not dry_run:
+        try:  # an unreachable tracking server fails before the run folder is claimed
+            check_tracking(cfg.tracking)
+        except ValueError as err:
+            fail(str(err))
     if dry_run:
         _print_dry_run(plan, as_json)
         return

@@ -13,6 +13,10 @@ import typer
 from medray.cli.choices import DType
 from medray.console import command_console, fail, terminal
 
+MLFLOW_HELP = ("log params, metrics and artifacts to this MLflow tracking server "
+               "(default: tracking.mlflow.uri, else $MLFLOW_TRACKING_URI; neither: off)")
+WANDB_HELP = "log to this Weights & Biases project (WANDB_MODE=offline: no network)"
+
 model_app = typer.Typer(rich_markup_mode=None,
                         help="Base models: the tiny offline CPU model, real ones from GGUF files.",
                         no_args_is_help=True)
@@ -136,15 +140,22 @@ def train(
         "non-empty folder medray did not create")] = False,
     verbose: Annotated[bool, typer.Option(
         "--verbose", help="show Ray/DeepSpeed logs here (default: OUTPUT/logs/)")] = False,
+    mlflow: Annotated[str | None, typer.Option(
+        "--mlflow", metavar="URI", help=MLFLOW_HELP)] = None,
+    wandb: Annotated[str | None, typer.Option(
+        "--wandb", metavar="PROJECT", help=WANDB_HELP)] = None,
 ) -> None:
     """Fine-tune with LoRA on Ray Train (DeepSpeed ZeRO); writes OUTPUT/adapter, metrics.json."""
     from medray.config import ConfigError
     from medray.models import LoraTargetError
     from medray.prompts.tokens import BudgetError
+    from medray.tracking import check_tracking, with_flags
     from medray.train.config import load_config
 
     try:
         cfg = load_config(config, overrides or [])
+        cfg.tracking = with_flags(cfg.tracking, mlflow, wandb)
+        check_tracking(cfg.tracking)  # an unreachable server fails before anything starts
     except ConfigError as exc:
         fail(str(exc))
     from medray.cli.raystart import start_ray

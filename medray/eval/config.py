@@ -30,6 +30,7 @@ from pydantic import Field, ValidationError, model_validator
 from medray.config import Strict, load_yaml
 from medray.engines.registry import EngineSpec, parse_spec
 from medray.prompts.spec import PromptOverride, PromptSpec, moved_prompt_keys
+from medray.tracking import TrackingConfig
 
 __all__ = ["EngineSpec", "EvalConfig", "ScoreSpec", "engine_config", "load_eval_config"]
 
@@ -66,6 +67,7 @@ class EvalConfig(Strict):
     actor_placement: Literal["SPREAD", "DEFAULT"] = "SPREAD"
     fine_tuned: bool | None = None  # for the report's "fine-tuned" column
     score: ScoreSpec = Field(default_factory=ScoreSpec)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)  # MLflow / W&B; off
 
     @model_validator(mode="before")
     @classmethod
@@ -86,7 +88,7 @@ class EvalConfig(Strict):
 # them (more actors, a larger rate limit) without mixing two runs in one folder.
 EXECUTION_ONLY = ("actors", "max_in_flight", "actor_placement", "cache", "engine.concurrency",
                   "engine.requests_per_minute", "engine.max_retries", "engine.timeout_s",
-                  "engine.cpus")
+                  "engine.cpus", "tracking")
 
 
 def engine_config(engine: str, data: str | Path, *, base_url: str | None = None,

@@ -6,6 +6,9 @@ run x split/domain with dataset, model, fine-tuned, context tokens, prompt forma
 and F1 / EM / BLEU / METEOR or accuracy / conforming rate (fractions, 95% CI). Written as
 Markdown, CSV and LaTeX.
 Plots: metric against context length per model; F1 per question type, runs side by side.
+Beside them: results_lm_eval.json (the runs in lm-evaluation-harness's results schema,
+medray/eval/lm_eval_results.py) and samples.html (every item with each run's answer and
+score, medray/eval/samples.py and samples_page.py).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from medray.io import atomic_directory, check_output
+from medray.io import atomic_directory, check_output, write_json_atomic, write_text_atomic
 
 GEN = ("f1", "em", "bleu", "meteor")
 MCQ = ("accuracy", "conforming_rate")
@@ -189,10 +192,36 @@ def write_report(runs: Sequence[Path], out: str | os.PathLike, mode: str = "medq
     check_output(out, runs, force)  # before reading: a refused --out costs nothing
     rows = rows_from_runs(runs, mode)
     study = _study(runs, rows, mode, by, hard, resamples)
+    formats = _formats(runs, mode)
     with atomic_directory(out, inputs=runs, force=force, command="report") as tmp:
         files = _write_tables(rows, tmp, mode)
         files += _write_study(study, tmp, mode)
+        files += _write_formats(formats, tmp)
     return [out / f.name for f in files]
+
+
+def _formats(runs: Sequence[Path], mode: str) -> dict:
+    """The lm-eval results dict and the samples page, read before anything is written."""
+    from medray.eval.breakdown import BreakdownError
+    from medray.eval.lm_eval_results import lm_eval_results
+    from medray.eval.samples import samples_data
+    from medray.eval.samples_page import render_page
+    from medray.eval.score import ScoreInputError
+
+    try:
+        lm_eval = lm_eval_results(runs, [load_run(r) for r in runs])
+        names = ", ".join(Path(r).name for r in runs)
+        page = render_page(samples_data(runs, mode), title=f"medray samples: {names}")
+    except (BreakdownError, ScoreInputError, ValueError) as err:
+        raise ReportError(str(err)) from None
+    return {"lm_eval": lm_eval, "samples": page}
+
+
+def _write_formats(formats: dict, out: Path) -> list[Path]:
+    from medray.eval.lm_eval_results import FILENAME
+
+    return [write_json_atomic(out / FILENAME, formats["lm_eval"]),
+            write_text_atomic(out / "samples.html", formats["samples"])]
 
 
 def _study(runs: Sequence[Path], rows: pd.DataFrame, mode: str, by: Sequence[str],

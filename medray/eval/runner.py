@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from medray.eval.config import EXECUTION_ONLY, EvalConfig
 from medray.eval.finish import finish_eval
 from medray.eval.plan import EvalPlan, default_cache_path, plain_row, plan_eval
 from medray.eval.prompting import with_resolved_prompt
+from medray.eval.tracked import finish_eval_tracking, start_eval_tracking
 
 __all__ = ["EvalPlan", "plan_eval", "predict", "run_eval", "with_resolved_prompt"]
 
@@ -42,9 +44,17 @@ def run_eval(cfg: EvalConfig, out: str | os.PathLike, *, engine: Any = None,
     the item counts before the first request, `on_prediction(row)` every answer."""
     plan = plan or plan_eval(cfg, engine=engine)
     out = Path(out)
-    runio.open_run(out, config_record(cfg), inputs=[cfg.data], ignore=EXECUTION_ONLY)
-    stats, engine_info = predict(plan, out, engine, on_prediction, on_plan)
-    return finish_eval(plan, out, stats, **engine_info)
+    record = config_record(cfg)
+    runio.open_run(out, record, inputs=[cfg.data], ignore=EXECUTION_ONLY)
+    # MLflow / W&B (cfg.tracking): opened before the first request, so a tracking server
+    # that cannot be reached fails the run before it costs anything
+    tracker = start_eval_tracking(cfg, record, out)
+    with tracker or nullcontext():
+        stats, engine_info = predict(plan, out, engine, on_prediction, on_plan)
+        summary = finish_eval(plan, out, stats, **engine_info)
+        if tracker is not None:
+            finish_eval_tracking(tracker, summary, out)
+    return summary
 
 
 def predict(plan: EvalPlan, out: Path, engine: Any = None,

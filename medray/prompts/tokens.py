@@ -116,9 +116,12 @@ def question_room(tokenizer: Any, question: str, spec: PromptSpec,
     return spec.context_room(prompt_pieces(tokenizer, question, spec), answer_tokens)
 
 
-def answer_ids(tokenizer: Any, answer: str) -> list[int]:
-    """Target ids: the answer (after "Raspuns: ", as prompt + " " + answer) plus EOS."""
-    return encode_piece(tokenizer, answer) + [tokenizer.eos_token_id]
+def answer_ids(tokenizer: Any, answer: str, spec: PromptSpec | None = None) -> list[int]:
+    """Target ids: the answer plus EOS. As plain text it follows "Raspuns: " (prompt + " " +
+    answer); through a chat template it opens the assistant's turn, with no space before
+    it (a model trained on chat turns never starts a reply with one)."""
+    chat = spec is not None and spec.uses_chat_template(tokenizer)
+    return encode_piece(tokenizer, answer, after_space=not chat) + [tokenizer.eos_token_id]
 
 
 def _room(pieces: PromptPieces, spec: PromptSpec, answer_tokens: int = 0) -> int:
@@ -154,7 +157,7 @@ def build_example(tokenizer: Any, question: str, answer: str, context_ids: Seque
     leaks it: a tiny model learned "context cut earlier -> longer answer" and failed on
     served prompts.)
     """
-    target = answer_ids(tokenizer, answer)
+    target = answer_ids(tokenizer, answer, spec)
     pieces = prompt_pieces(tokenizer, question, spec)
     return _example(pieces.assemble(context_ids[:_room(pieces, spec, len(target))]), target)
 
@@ -163,7 +166,7 @@ def build_chunk_examples(tokenizer: Any, question: str, answer: str,
                          context_ids: Sequence[int], spec: PromptSpec) -> list[dict]:
     """All non-overlapping context chunks that fit the budget, one example each (room as in
     `build_example`: independent of the answer's length up to the reserve)."""
-    target = answer_ids(tokenizer, answer)
+    target = answer_ids(tokenizer, answer, spec)
     pieces = prompt_pieces(tokenizer, question, spec)
     room = spec.context_room(pieces, len(target))
     if room <= 0:
@@ -190,7 +193,7 @@ def check_budget(tokenizer: Any, examples: Any, spec: PromptSpec) -> int:
     worst_room, worst_id = None, None
     for row in examples[["id", "question", "answer"]].itertuples(index=False):
         room = spec.context_room(prompt_pieces(tokenizer, row.question, spec),
-                                 len(answer_ids(tokenizer, row.answer)))
+                                 len(answer_ids(tokenizer, row.answer, spec)))
         if worst_room is None or room < worst_room:
             worst_room, worst_id = room, row.id
     if worst_room is not None and worst_room < 0:

@@ -113,6 +113,21 @@ class GatedLLMServer(LLMServer):
     async def __init__(self, *args: Any, **kwargs: Any) -> None:
         await super().__init__(*args, **kwargs)
         self._gate = ExclusiveGate() if self._llm_config.lora_config is not None else None
+        if self._gate is not None:
+            self._serialise_lora_loads()
+
+    def _serialise_lora_loads(self) -> None:
+        """The engine's resolve_lora checks "loaded?" and then awaits the load, so the
+        first concurrent requests for an adapter each start a load, and all but one fail
+        with vLLM's 400 "adapter has already been loaded". One load at a time: the later
+        ones find it loaded."""
+        lock, resolve = asyncio.Lock(), self.engine.resolve_lora
+
+        async def resolve_one_at_a_time(lora_model: Any) -> Any:
+            async with lock:
+                return await resolve(lora_model)
+
+        self.engine.resolve_lora = resolve_one_at_a_time
 
     def _get_default_engine_class(self) -> type:
         """VLLMEngine with the in-process engine core on CPU (medray.serve.inproc); Ray's

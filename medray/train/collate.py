@@ -10,6 +10,11 @@
   attend to each other. This needs `use_cache=False` in the forward pass. With
   `model.attn_implementation: flash_attention_2` the same resets become the sequence
   boundaries of flash-attn's varlen kernel: no mask at all, memory linear in the row.
+- "prefix": the examples that share a prompt prefix (one epicrisis, its questions) become
+  one row: the prefix once, then each example's own tail. A 4-D mask lets every tail see
+  the whole prefix and itself, never another tail, and each tail's position ids continue
+  from the prefix, so every example's loss is exactly what it is alone (sdpa attention),
+  while the epicrisis is computed once per row instead of once per question.
 
 Batches are built on the host; the training step moves them to the worker's device
 (medray.train.step, medray.train.device).
@@ -23,7 +28,10 @@ from typing import Any
 
 from medray.prompts.tokens import IGNORE_INDEX
 
-BATCHING = ("pad", "group", "pack")
+BATCHING = ("pad", "group", "pack", "prefix")
+# Examples share a row only where their common prefix is at least this long: below it
+# the mask costs more than the shared computation saves.
+MIN_SHARED_PREFIX = 32
 
 Row = dict[str, list[int]]
 
@@ -85,6 +93,93 @@ def packed_batch(bins: Sequence[Sequence[Row]], pad_id: int) -> dict[str, Any]:
     return {"input_ids": ids, "labels": labels, "position_ids": pos, "num_tokens": real}
 
 
+class PrefixTree:
+    """Examples with one common prefix: the prefix once, then each example's tail."""
+
+    def __init__(self, prefix_ids: list[int], prefix_labels: list[int]) -> None:
+        self.prefix_ids, self.prefix_labels = prefix_ids, prefix_labels
+        self.tails: list[Row] = []
+
+    def __len__(self) -> int:
+        return len(self.prefix_ids) + sum(len(t["input_ids"]) for t in self.tails)
+
+
+def _shared_prefix(a: Row, b: Row) -> int:
+    """Tokens two examples can share: their common prefix, shortened until it carries no
+    loss (a shared target would count once instead of once per example) and leaves each
+    tail a first token without a target (its prediction comes from the shared last token,
+    which cannot predict two different tokens)."""
+    n = 0
+    for x, y in zip(a["input_ids"], b["input_ids"], strict=False):
+        if x != y:
+            break
+        n += 1
+    n = min(n, len(a["input_ids"]) - 1, len(b["input_ids"]) - 1)
+    for labels in (a["labels"], b["labels"]):
+        first_target = next((i for i, t in enumerate(labels) if t != IGNORE_INDEX), n)
+        n = min(n, first_target)
+    return n
+
+
+def prefix_trees(rows: Sequence[Row], max_tokens: int,
+                 min_shared: int = MIN_SHARED_PREFIX) -> list[PrefixTree]:
+    """Group examples by shared prefix (sorted token ids put them side by side) into trees
+    of at most max_tokens; an example that shares too little is a tree of its own."""
+    trees: list[PrefixTree] = []
+    ordered = sorted(rows, key=lambda r: r["input_ids"])
+    i = 0
+    while i < len(ordered):
+        group, shared = [ordered[i]], len(ordered[i]["input_ids"]) - 1
+        while i + len(group) < len(ordered):
+            nxt = ordered[i + len(group)]
+            common = min(shared, _shared_prefix(group[0], nxt))
+            tails = sum(len(r["input_ids"]) for r in [*group, nxt]) - common * (len(group) + 1)
+            if common < min_shared or common + tails > max_tokens:
+                break
+            group.append(nxt)
+            shared = common
+        if len(group) == 1:
+            shared = 0
+        tree = PrefixTree(group[0]["input_ids"][:shared], group[0]["labels"][:shared])
+        tree.tails = [{"input_ids": r["input_ids"][shared:], "labels": r["labels"][shared:]}
+                      for r in group]
+        trees.append(tree)
+        i += len(group)
+    return trees
+
+
+def prefix_batch(trees: Sequence[PrefixTree], pad_id: int) -> dict[str, Any]:
+    """Rows of prefix + tails with a 4-D boolean mask (True: may attend) and position ids
+    that continue from the prefix in every tail."""
+    import torch
+
+    width = max(len(t) for t in trees)
+    ids = torch.full((len(trees), width), pad_id, dtype=torch.long)
+    labels = torch.full((len(trees), width), IGNORE_INDEX, dtype=torch.long)
+    pos = torch.zeros((len(trees), width), dtype=torch.long)
+    mask = torch.zeros((len(trees), 1, width, width), dtype=torch.bool)
+    causal = torch.ones((width, width), dtype=torch.bool).tril()
+    for i, tree in enumerate(trees):
+        p = len(tree.prefix_ids)
+        ids[i, :p] = torch.tensor(tree.prefix_ids, dtype=torch.long)
+        labels[i, :p] = torch.tensor(tree.prefix_labels, dtype=torch.long)
+        pos[i, :p] = torch.arange(p)
+        mask[i, 0, :p, :p] = causal[:p, :p]
+        at = p
+        for tail in tree.tails:
+            n = len(tail["input_ids"])
+            ids[i, at:at + n] = torch.tensor(tail["input_ids"], dtype=torch.long)
+            labels[i, at:at + n] = torch.tensor(tail["labels"], dtype=torch.long)
+            pos[i, at:at + n] = torch.arange(p, p + n)
+            mask[i, 0, at:at + n, :p] = True
+            mask[i, 0, at:at + n, at:at + n] = causal[:n, :n]
+            at += n
+        # padding attends to itself only (a row with nothing to attend to would be NaN)
+        mask[i, 0, at:, at:] = torch.eye(width - at, dtype=torch.bool)
+    return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask,
+            "num_tokens": sum(len(t) for t in trees)}
+
+
 def micro_batches(
     rows: Iterable[Row],
     *,
@@ -121,6 +216,12 @@ def _flush(buf: list[Row], batch_size: int, pad_id: int, mode: str, max_len: int
         rng.shuffle(groups)
         for g in groups:
             yield pad_batch(g, pad_id)
+        return
+    if mode == "prefix":
+        trees = prefix_trees(buf, max_len)
+        rng.shuffle(trees)
+        for i in range(0, len(trees), batch_size):
+            yield prefix_batch(trees[i:i + batch_size], pad_id)
         return
     bins = pack_rows(buf, max_len)
     rng.shuffle(bins)

@@ -18,6 +18,7 @@ from medray.config import apply_overrides as apply_overrides
 from medray.config import format_errors as format_errors
 from medray.config import parse_override as parse_override
 from medray.prompts.spec import TRAIN_STRATEGIES, PromptSpec, moved_prompt_keys
+from medray.tracking import TrackingConfig
 
 
 class ModelConfig(_Strict):
@@ -50,8 +51,13 @@ class DataConfig(_Strict):
     path: str
     train_split: str = "train"
     val_split: str = "val"
-    batching: Literal["pad", "group", "pack"] = "pad"
+    batching: Literal["pad", "group", "pack", "prefix"] = "pad"
+    # group/pack: micro-batches of examples buffered to sort or pack; prefix: the same
+    # count of examples searched for a shared epicrisis (set it to hold several patients)
     group_window: int = Field(16, ge=1)
+    # prefix: a row holds one shared prefix and as many tails as fit in this many tokens
+    # (None: 4 x prompt.context_tokens)
+    prefix_tokens: int | None = Field(None, ge=2)
     max_train_examples: int | None = Field(None, ge=1)
     max_val_examples: int | None = Field(None, ge=1)
     # Fixed validation subset answered greedily each epoch and scored by F1/EM.
@@ -139,6 +145,8 @@ class TrainConfig(_Strict):
     scaling: ScalingConfig = ScalingConfig()
     checkpoint: CheckpointConfig = CheckpointConfig()
     fault: FaultConfig = FaultConfig()
+    # MLflow / W&B (medray.tracking); off by default. A sweep tracks with its base config's.
+    tracking: TrackingConfig = TrackingConfig()
     name: str = "medray-finetune"
 
     @model_validator(mode="after")
@@ -146,6 +154,10 @@ class TrainConfig(_Strict):
         if self.prompt.strategy not in TRAIN_STRATEGIES:
             raise ValueError(f"prompt.strategy {self.prompt.strategy!r} cannot be trained; "
                              f"expected one of {TRAIN_STRATEGIES}")
+        if self.data.batching == "prefix" and self.model.attn_implementation != "sdpa":
+            # the shared-prefix rows carry a 4-D boolean mask: sdpa takes it as it is
+            raise ValueError("data.batching 'prefix' needs model.attn_implementation 'sdpa' "
+                             f"(got {self.model.attn_implementation!r})")
         return self
 
 

@@ -25,7 +25,7 @@ from medray.train.device import (
     worker_device,
 )
 from medray.train.plan import RunPlan
-from medray.train.progress import rank_zero_bar
+from medray.train.progress import RelayedWriter, rank_zero_bar
 from medray.train.step import eval_loss, train_step
 
 
@@ -34,13 +34,19 @@ def _epoch_batches(shard: Any, cfg: TrainConfig, pad_id: int, epoch: int) -> Any
 
     d = cfg.data
     window = cfg.optim.micro_batch_size * (1 if d.batching == "pad" else d.group_window)
+    # prefix: a patient's questions must arrive together to share their epicrisis; the
+    # rows built from them are shuffled within the window instead
+    shuffle = 0 if d.batching == "prefix" else d.shuffle_buffer
     batches = shard.iter_batches(
         batch_size=window, batch_format="numpy",
-        local_shuffle_buffer_size=d.shuffle_buffer or None,
-        local_shuffle_seed=cfg.optim.seed + epoch if d.shuffle_buffer else None,
+        local_shuffle_buffer_size=shuffle or None,
+        local_shuffle_seed=cfg.optim.seed + epoch if shuffle else None,
     )
+    max_len = cfg.prompt.context_tokens
+    if d.batching == "prefix":
+        max_len = d.prefix_tokens or 4 * max_len
     return micro_batches(iter_rows_from_batches(batches), batch_size=cfg.optim.micro_batch_size,
-                         pad_id=pad_id, mode=d.batching, max_len=cfg.prompt.context_tokens,
+                         pad_id=pad_id, mode=d.batching, max_len=max_len,
                          window=d.group_window, seed=cfg.optim.seed + epoch)
 
 
@@ -80,8 +86,12 @@ def evaluate(engine: Any, cfg: TrainConfig, pad_id: int, plan: RunPlan, tokenize
     loss_sum = n_tok = 0.0
     with torch.no_grad():
         shard = ray.train.get_dataset_shard("val")
+        # prefix rows give each example the loss it has alone, at a fraction of the cost
+        prefix = cfg.data.batching == "prefix"
         batches = micro_batches(_rows(shard), batch_size=cfg.optim.micro_batch_size,
-                                pad_id=pad_id, mode="pad")
+                                pad_id=pad_id, mode="prefix" if prefix else "pad",
+                                max_len=cfg.data.prefix_tokens or 4 * cfg.prompt.context_tokens,
+                                window=cfg.data.group_window)
         for batch in synced(batches, device):
             summed, n = eval_loss(engine, batch, device)
             loss_sum += float(summed)
@@ -255,6 +265,8 @@ def setup_worker(config: dict) -> WorkerRun:
         state["resumed_from"] = engine.global_steps
     state.setdefault("workers", []).append(worker_nodes(world))
     writer = _tensorboard(plan.tensorboard_dir, rank)
+    if writer and plan.tracked and plan.progress_board:  # the driver logs them (tracking)
+        writer = RelayedWriter(writer, plan.progress_board)
     bar = rank_zero_bar(plan.total_steps, engine.global_steps, rank, plan.progress_board)
     _log(rank, f"worker ready on {device}: {time.perf_counter() - t_start:.1f}s "
                "(model, LoRA, DeepSpeed)")

@@ -3,6 +3,8 @@
 Ray forwards worker output only with `log_to_driver=True`, which also floods the console
 with every library's logs. Instead rank 0 posts (step, total, loss, lr, tokens/s) to a
 tiny actor a few times a second, and the driver draws one rich progress bar from it.
+With tracking on (medray.tracking), rank 0 also posts every TensorBoard scalar there
+(`RelayedWriter`) and the driver logs them: workers need no route to the tracking server.
 """
 
 from __future__ import annotations
@@ -25,6 +27,14 @@ def _board_class() -> Any:
     class ProgressBoard:
         def __init__(self) -> None:
             self.state: dict = {}
+            self.scalars: list[tuple[str, float, int]] = []
+
+        def log(self, tag: str, value: float, step: int) -> None:
+            self.scalars.append((tag, value, step))
+
+        def take(self) -> list[tuple[str, float, int]]:
+            taken, self.scalars = self.scalars, []
+            return taken
 
         def post(self, state: dict) -> None:
             self.state.update(state)
@@ -62,6 +72,36 @@ class WorkerProgress:
         self._post(force=True)
 
 
+class RelayedWriter:
+    """Rank 0's TensorBoard writer that also posts each scalar to the driver's board: the
+    tracked metrics carry TensorBoard's names and steps (train/loss, val/loss, ...)."""
+
+    def __init__(self, writer: Any, board_name: str) -> None:
+        import ray
+
+        self._writer = writer
+        self._board = ray.get_actor(board_name, namespace=NAMESPACE)
+
+    def add_scalar(self, tag: str, value: float, step: int) -> None:
+        self._writer.add_scalar(tag, value, step)
+        self._board.log.remote(tag, float(value), int(step))  # fire and forget
+
+    def close(self) -> None:
+        """Close the writer once the board has every scalar: one caller's actor calls run in
+        order, so an answered read means the posts before it arrived (the worker may exit
+        right after this)."""
+        import ray
+
+        self._writer.close()
+        try:
+            ray.get(self._board.read.remote(), timeout=30)
+        except Exception:  # the driver gone or restarting: nothing left to hand over
+            pass
+
+    def __getattr__(self, name: str) -> Any:  # flush, log_dir, medray_fallback
+        return getattr(self._writer, name)
+
+
 class TrainingBoard:
     """Driver side: create the board, draw it while `trainer.fit()` runs, remove it."""
 
@@ -97,7 +137,43 @@ class TrainingBoard:
         finally:
             stop.set()
             thread.join(timeout=10)
-            ray.kill(self.actor)
+
+    @contextmanager
+    def relayed(self, log: Any, every_s: float = 2.0) -> Iterator[None]:
+        """Hand the scalars rank 0 posts to `log(metrics, step)` while the block runs, and
+        the rest at its end (the actor has all of them once fit() returned)."""
+        import ray
+
+        stop = threading.Event()
+
+        def drain() -> None:
+            try:
+                scalars = ray.get(self.actor.take.remote(), timeout=30)
+            except Exception:  # a slow or restarting cluster: the next round takes them
+                return
+            by_step: dict[int, dict[str, float]] = {}
+            for tag, value, step in scalars:
+                by_step.setdefault(step, {})[tag] = value
+            for step in sorted(by_step):
+                log(by_step[step], step)
+
+        def loop() -> None:
+            while not stop.wait(every_s):
+                drain()
+
+        thread = threading.Thread(target=loop, name="medray-tracking", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join(timeout=60)
+            drain()
+
+    def close(self) -> None:
+        import ray
+
+        ray.kill(self.actor)
 
 
 class _NoBar:

@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 import shutil
 from collections.abc import Iterator, Sequence
@@ -23,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from medray.train.config import ConfigError, TrainConfig
-from medray.train.plan import Preflight, RunPlan
+from medray.train.plan import Preflight, RunPlan, schedule
 
 MEDQARO_METRIC_NOTE = (
     "val_f1/val_em: metric mode 'medqaro' (reference formulas), greedy decoding, "
@@ -104,7 +103,7 @@ def preflight(cfg: TrainConfig) -> Preflight:
     # Each example's context room: the schedule is sized from them once the epicrises
     # are tokenised (see schedule()).
     rooms = [spec.context_room(prompt_pieces(tokenizer, r.question, spec),
-                               len(answer_ids(tokenizer, r.answer)))
+                               len(answer_ids(tokenizer, r.answer, spec)))
              for r in train.itertuples(index=False)]
     return Preflight(**common, train_rooms=rooms,
                      train_context_ids=train["context_id"].tolist())
@@ -119,33 +118,6 @@ def _selected(cfg: TrainConfig, data: Any) -> tuple[Any, Any]:
     if cfg.data.max_val_examples:
         val = val.head(cfg.data.max_val_examples)
     return train, val
-
-
-def schedule(cfg: TrainConfig, checked: Preflight, contexts: dict) -> RunPlan:
-    """The plan with optimiser steps per epoch and in total, from exact example lengths."""
-    n_ctx = cfg.prompt.context_tokens
-    lengths = list(checked.train_lengths)
-    for room, cid in zip(checked.train_rooms, checked.train_context_ids, strict=True):
-        fixed, n = n_ctx - room, len(contexts[cid])  # prompt without context + answer room
-        if cfg.prompt.strategy == "chunks":  # one example per chunk of the context room
-            step = max(room, 1)
-            lengths += [min(n_ctx, fixed + min(step, n - s)) for s in range(0, max(n, 1), step)]
-        else:
-            lengths.append(min(n_ctx, fixed + n))
-    world, mb = cfg.scaling.num_workers, cfg.optim.micro_batch_size
-    if cfg.data.batching == "pack":
-        micro = math.ceil(sum(lengths) / world / n_ctx / mb)
-    else:
-        micro = math.ceil((len(lengths) // world) / mb)
-    per_epoch = max(1, micro // cfg.optim.grad_accum)
-    total = per_epoch * cfg.optim.epochs
-    return RunPlan(
-        lora_targets=checked.lora_targets, n_train=checked.n_train, n_val=checked.n_val,
-        train_ids=checked.train_ids, val_ids=checked.val_ids,
-        steps_per_epoch_estimate=per_epoch,
-        total_steps=min(total, cfg.optim.max_steps) if cfg.optim.max_steps else total,
-        kind=checked.kind,
-    )
 
 
 def _val_generate_items(cfg: TrainConfig, ids: list[str], contexts: dict) -> list[dict]:
@@ -278,21 +250,35 @@ def _chat_template_decided(cfg: TrainConfig) -> TrainConfig:
 
 
 def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = print,
-                 callbacks: Sequence[Any] = (), display: Any = None) -> dict:
+                 callbacks: Sequence[Any] = (), display: Any = None, track: bool = True) -> dict:
     """`medray train`. `callbacks`: extra Ray Train callbacks on the TorchTrainer's RunConfig
     (a Tune sweep passes its TuneReportCallback here, medray.tune.trial). `display`: a
-    medray.console.Display to draw the training progress bar on."""
-    import ray
-
-    from medray.cluster import check_shared_storage, require_connected
-    from medray.train.checkpoints import export_adapter, load_state
-    from medray.train.data import tokenize_contexts
-    from medray.train.progress import TrainingBoard
+    medray.console.Display to draw the training progress bar on. `track`: log to the
+    config's `tracking:` backends (a sweep's trials leave that to the sweep)."""
+    from medray.train.tracked import finish_tracking, start_tracking
 
     output = Path(output)
     checked = preflight(cfg)
     cfg = _chat_template_decided(cfg)  # recorded in prompt.json and metrics.json as used
+    # Opened before Ray work starts: a tracking server that cannot be reached fails here.
+    tracker = start_tracking(cfg, output) if track else None
+    if tracker is None:
+        return _train(cfg, checked, output, log, callbacks, display, None)
+    with tracker:  # ends the tracked run FAILED when training raises
+        metrics = _train(cfg, checked, output, log, callbacks, display, tracker)
+        finish_tracking(tracker, metrics, output, log)
+    return metrics
+
+
+def _train(cfg: TrainConfig, checked: Preflight, output: Path, log: Any,
+           callbacks: Sequence[Any], display: Any, tracker: Any) -> dict:
+    import ray
+
+    from medray.cluster import check_shared_storage, require_connected
     from medray.io import claim_directory
+    from medray.train.checkpoints import export_adapter, load_state
+    from medray.train.data import tokenize_contexts
+    from medray.train.progress import TrainingBoard
 
     require_connected("training")  # joined by the entry point, with scaling.local_cpus()
     # Workers on other nodes write checkpoints there and the driver exports from there.
@@ -318,13 +304,20 @@ def run_training(cfg: TrainConfig, output: str | os.PathLike, *, log: Any = prin
         contexts_ref = ray.put(contexts)
         datasets = _datasets(cfg, plan, contexts, contexts_ref)
         val_generate = _val_generate_items(cfg, checked.val_gen_ids, contexts)
-    board = TrainingBoard() if display is not None else None
+    board = TrainingBoard() if display is not None or tracker is not None else None
     plan = replace(plan, cache_dir=resolve_cache_dir(cfg, output),
                    tensorboard_dir=str((output / "tensorboard").resolve()),
-                   progress_board=board.name if board else None, val_generate=val_generate)
+                   progress_board=board.name if board else None, val_generate=val_generate,
+                   tracked=tracker is not None)
     trainer = build_trainer(cfg, output, plan, datasets, callbacks)
-    with board.shown(display) if board else nullcontext(), _sigint_handler_restored():
-        result = trainer.fit()
+    try:
+        with (board.shown(display) if board and display is not None else nullcontext(),
+              board.relayed(tracker.log_metrics) if board and tracker else nullcontext(),
+              _sigint_handler_restored()):
+            result = trainer.fit()
+    finally:
+        if board:
+            board.close()
     if result.error:
         raise result.error
 

@@ -21,6 +21,7 @@ Layout of a sweep directory DIR:
 from __future__ import annotations
 
 import json
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from medray.tune.plan import (
     per_trial_resources,
     trial_config,
 )
+from medray.tune.tracked import finish_sweep_tracking, start_sweep_tracking
 
 # ------------------------------------------------------------------ Tune snapshot
 
@@ -182,8 +184,11 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print,
         tuner = tune.Tuner.restore(str(exp.resolve()), trainable=_trainable(plan),
                                    resume_unfinished=True, resume_errored=True,
                                    restart_errored=False)
+        tracker = None  # a resumed sweep opens no second parent run
     else:
         _write_spec(plan)
+        tracker, tracking_callbacks = start_sweep_tracking(plan)
+        callbacks = [*(callbacks or []), *tracking_callbacks]
         (plan.output / ASHA_STATE).unlink(missing_ok=True)  # rungs of an earlier sweep
         tuner = tune.Tuner(
             _trainable(plan),
@@ -196,8 +201,12 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print,
                                       failure_config=tune.FailureConfig(max_failures=0),
                                       callbacks=callbacks or None),
         )
-    results = tuner.fit()
-    # Ctrl-C: Tune stops gracefully and returns; its snapshot still says which trials were
-    # cut off (RUNNING / PENDING), which is what tells "interrupted" from an ASHA stop.
-    return write_outputs(plan, results, log=log, statuses=snapshot_statuses(exp),
-                         best_if_partial=best_if_partial)
+    with tracker or nullcontext():  # the parent run ends FAILED when the sweep raises
+        results = tuner.fit()
+        # Ctrl-C: Tune stops gracefully and returns; its snapshot still says which trials
+        # were cut off (RUNNING / PENDING), which tells "interrupted" from an ASHA stop.
+        summary = write_outputs(plan, results, log=log, statuses=snapshot_statuses(exp),
+                                best_if_partial=best_if_partial)
+        if tracker is not None:
+            finish_sweep_tracking(tracker, plan, summary, log)
+    return summary

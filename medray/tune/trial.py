@@ -83,7 +83,8 @@ def run_trial(config: dict, base: dict) -> None:
     me = ray.get_runtime_context().current_actor
     _quiet_fast_data()
     # Same Train run name + storage on a restart: Train V2 resumes from its last checkpoint.
-    metrics = run_training(cfg, out, callbacks=[ReportToTune(me)])
+    # track=False: the sweep's Tune callbacks log each trial as a child of its run
+    metrics = run_training(cfg, out, callbacks=[ReportToTune(me)], track=False)
     last = metrics["epochs"][-1] if metrics.get("epochs") else {}
     final = {k: v for k, v in last.items() if isinstance(v, int | float)}
     _event(trial_dir, "end", trial_id=ctx.get_trial_id(), final=final)
