@@ -116,12 +116,25 @@ def question_room(tokenizer: Any, question: str, spec: PromptSpec,
     return spec.context_room(prompt_pieces(tokenizer, question, spec), answer_tokens)
 
 
+def _reply_after_space(tokenizer: Any) -> bool:
+    """Whether the chat template puts a space before the assistant's reply: ChatML opens
+    it right after "assistant\n"; a plain template may render " reply" as the raw prompt
+    does. Read off the template by rendering one short exchange."""
+    user = [{"role": "user", "content": "Q"}]
+    head = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
+    full = tokenizer.apply_chat_template([*user, {"role": "assistant", "content": "Z"}],
+                                         tokenize=False)
+    at = len(head) if full.startswith(head) else full.rfind("Z")
+    return full[at:].startswith(" ") or (at > 0 and full[at - 1] == " ")
+
+
 def answer_ids(tokenizer: Any, answer: str, spec: PromptSpec | None = None) -> list[int]:
     """Target ids: the answer plus EOS. As plain text it follows "Raspuns: " (prompt + " " +
-    answer); through a chat template it opens the assistant's turn, with no space before
-    it (a model trained on chat turns never starts a reply with one)."""
+    answer); through a chat template it opens the assistant's turn as the template writes
+    it (no space after ChatML's "assistant\n": a chat model never starts a reply so)."""
     chat = spec is not None and spec.uses_chat_template(tokenizer)
-    return encode_piece(tokenizer, answer, after_space=not chat) + [tokenizer.eos_token_id]
+    after_space = not chat or _reply_after_space(tokenizer)
+    return encode_piece(tokenizer, answer, after_space=after_space) + [tokenizer.eos_token_id]
 
 
 def _room(pieces: PromptPieces, spec: PromptSpec, answer_tokens: int = 0) -> int:
