@@ -171,3 +171,22 @@ def test_llama_gguf_missing_its_weights_fails_during_import_and_leaves_nothing(t
     assert result.exit_code == 2, result.output
     assert str(path) in result.output and "could not dequantise" in result.output
     assert _leftovers(out) == []
+
+
+def test_smollm2_training_target_opens_the_assistant_turn(smollm2_model):
+    """Through ChatML the reply follows "assistant\\n" directly: the target has no leading
+    space (a token a chat model never emits there); as plain text it follows "Raspuns: "."""
+    from medray.models import load_tokenizer
+    from medray.prompts.spec import PromptSpec
+    from medray.prompts.tokens import IGNORE_INDEX, build_example, encode_context
+
+    tok = load_tokenizer(str(smollm2_model))
+    ctx = encode_context(tok, "Pacienta, 54 de ani, fumătoare.")
+    for chat, target in ((True, "Da<|im_end|>"), (False, " Da<|im_end|>")):
+        ex = build_example(tok, "Este fumătoare?", "Da", ctx,
+                           PromptSpec(format="eqa", context_tokens=200, chat_template=chat))
+        labelled = [i for i, t in zip(ex["input_ids"], ex["labels"], strict=True)
+                    if t != IGNORE_INDEX]
+        assert tok.decode(labelled) == target
+        prompt = tok.decode(ex["input_ids"][:-len(labelled)])
+        assert prompt.endswith("<|im_start|>assistant\n" if chat else "Raspuns:")
