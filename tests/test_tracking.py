@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import glob
 import json
+import os
 import socket
 import struct
 import subprocess
@@ -230,7 +231,10 @@ def test_sweep_logs_a_parent_run_with_one_child_run_per_trial(
         | {"optim.epochs": 1},
         "params": {"optim.lr": [1e-3, 3e-3]}}))
     plan = plan_sweep(config, space, tmp_path / "sweep")
+    before = os.environ.get("MLFLOW_TRACKING_URI")
     summary = run_sweep(plan, log=lambda *a: None)
+    # Ray's MLflow callback sets MLFLOW_TRACKING_URI for subprocesses; the sweep puts it back
+    assert os.environ.get("MLFLOW_TRACKING_URI") == before
     assert len(summary.trials) == 2
 
     (parent,) = _runs(mlflow_server, "t-sweep", "tags.`medray.command` = 'tune'")

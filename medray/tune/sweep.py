@@ -35,7 +35,7 @@ from medray.tune.plan import (
     per_trial_resources,
     trial_config,
 )
-from medray.tune.tracked import finish_sweep_tracking, start_sweep_tracking
+from medray.tune.tracked import environment_kept, finish_sweep_tracking, start_sweep_tracking
 
 # ------------------------------------------------------------------ Tune snapshot
 
@@ -202,7 +202,8 @@ def run_sweep(plan: SweepPlan, *, resume: bool = False, log: Any = print,
                                       callbacks=callbacks or None),
         )
     with tracker or nullcontext():  # the parent run ends FAILED when the sweep raises
-        results = tuner.fit()
+        with environment_kept():
+            results = tuner.fit()
         # Ctrl-C: Tune stops gracefully and returns; its snapshot still says which trials
         # were cut off (RUNNING / PENDING), which tells "interrupted" from an ASHA stop.
         summary = write_outputs(plan, results, log=log, statuses=snapshot_statuses(exp),

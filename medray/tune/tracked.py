@@ -11,6 +11,9 @@ the best trial's metric and trials.csv, best.yaml, the plot and sweep_spec.json.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,21 @@ def start_sweep_tracking(plan: SweepPlan) -> tuple[Tracker | None, list[Any]]:
             project=cfg.wandb.project, group=name, entity=cfg.wandb.entity,
             mode=cfg.wandb.mode, dir=str(plan.output.resolve()), job_type="trial"))
     return tracker, callbacks
+
+
+@contextmanager
+def environment_kept() -> Iterator[None]:
+    """MLflowLoggerCallback calls mlflow.set_tracking_uri, which also sets
+    MLFLOW_TRACKING_URI in this process's environment (for subprocesses): put it back
+    after the sweep, so a later run in the same process is not tracked by accident."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("MLFLOW_TRACKING_URI", None)
+        else:
+            os.environ["MLFLOW_TRACKING_URI"] = before
 
 
 def finish_sweep_tracking(tracker: Tracker, plan: SweepPlan, summary: Any,
