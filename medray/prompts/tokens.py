@@ -119,13 +119,22 @@ def question_room(tokenizer: Any, question: str, spec: PromptSpec,
 def _reply_after_space(tokenizer: Any) -> bool:
     """Whether the chat template puts a space before the assistant's reply: ChatML opens
     it right after "assistant\n"; a plain template may render " reply" as the raw prompt
-    does. Read off the template by rendering one short exchange."""
+    does. Read off the template by rendering one short exchange, once per tokenizer (it
+    is asked for every training example)."""
+    cached = _REPLY_SPACE.get(id(tokenizer))
+    if cached is not None and cached[0] is tokenizer:
+        return cached[1]
     user = [{"role": "user", "content": "Q"}]
     head = tokenizer.apply_chat_template(user, add_generation_prompt=True, tokenize=False)
     full = tokenizer.apply_chat_template([*user, {"role": "assistant", "content": "Z"}],
                                          tokenize=False)
     at = len(head) if full.startswith(head) else full.rfind("Z")
-    return full[at:].startswith(" ") or (at > 0 and full[at - 1] == " ")
+    space = full[at:].startswith(" ") or (at > 0 and full[at - 1] == " ")
+    _REPLY_SPACE[id(tokenizer)] = (tokenizer, space)
+    return space
+
+
+_REPLY_SPACE: dict[int, tuple[Any, bool]] = {}
 
 
 def answer_ids(tokenizer: Any, answer: str, spec: PromptSpec | None = None) -> list[int]:
