@@ -68,6 +68,7 @@ def row_from_summary(summary: dict, wall: float) -> dict:
             "question_prior": ((summary.get("question_prior_f1") or {}).get("test")
                                or {}).get("f1"),
             "base": (summary.get("model") or {}).get("base", "tiny"),
+            "fine_tuned_served_as": (summary.get("model") or {}).get("fine_tuned_served_as"),
             "cross": {name: rows[name, "test_cross"]["f1"] for name in ("majority",
                                                                          "fine_tuned")},
             "n_cross": rows["majority", "test_cross"]["n"],
@@ -161,7 +162,11 @@ def write_demo_results(rows: list[dict], need: float) -> None:
         "notes": [f"fine-tuned above majority cross-domain on {len(above)} of {len(rows)} "
                   f"seed(s) ({', '.join(above) or 'none'})",
                   "wall time is the demo's own total; memory is the peak summed PSS of the "
-                  "demo's processes and system memory in use above the start"],
+                  "demo's processes and system memory in use above the start",
+                  *[f"seed {r['seed']}: the fine-tuned row served "
+                    + ("merged into the base" if r["fine_tuned_served_as"] == "merged" else
+                       "as a LoRA adapter on the base") for r in rows
+                    if r.get("fine_tuned_served_as")]],
         "rows": rows,
     }, command=shlex.join(["bench/demo_margin.py", *sys.argv[1:]]))
 

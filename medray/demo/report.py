@@ -130,7 +130,8 @@ def write_demo_report(output: Path, cfg: DemoConfig, runs: dict[str, dict[str, P
         "model": {"base": cfg.base, "name": BASE_NAMES[cfg.base],
                   "tiny": cfg.tiny_model.model_dump() if cfg.base == "tiny" else None,
                   "pretrain": pretrain,
-                  "lora": t.lora.model_dump(mode="json"), "adapter": trained.get("adapter")},
+                  "lora": t.lora.model_dump(mode="json"), "adapter": trained.get("adapter"),
+                  "fine_tuned_served_as": "merged" if cfg.serves_merged else "adapter"},
         "training": {"epochs": trained.get("epochs"), "initial": trained.get("initial"),
                      "workers": t.scaling.num_workers, "deepspeed_stage": t.deepspeed.stage},
         "machine": machine,
@@ -323,8 +324,12 @@ def _what_ran_pretrained(cfg: DemoConfig, last: dict) -> list[str]:
         f"batching `{t.data.batching}`, {last.get('step', '?')} optimiser steps; final "
         f"val_loss {last.get('val_loss', float('nan')):.3f}. Prompts go through the "
         f"model's chat template (prompt.chat_template {t.prompt.chat_template!r}).",
-        "3. Ray Serve + vLLM: the base answers the zero-shot row; the LoRA adapter on the "
-        "same base answers the fine-tuned row. Evaluation actors call the QA endpoint.", "",
+        "3. Ray Serve + vLLM: the base answers the zero-shot row; "
+        + ("the adapter merged into the base (PEFT merge_and_unload) answers the fine-tuned "
+           "row, on its own replica (serve.fine_tuned_as 'merged': vLLM's CPU LoRA path "
+           "answers several times slower than a plain model)." if cfg.serves_merged else
+           "the LoRA adapter on the same base answers the fine-tuned row.")
+        + " Evaluation actors call the QA endpoint.", "",
         "## Honest caveats", "",
         "- A 135M-parameter model: the per-question-type table shows how much comes from "
         "reading the record and how much from question priors.",

@@ -110,7 +110,7 @@ def run_demo(output: Path, seed: int = 0, config: Path = DEFAULT_DEMO_CONFIG,
             console.print("zero-shot row left out (eval.zero_shot=false)")
 
     with stage(6, "fine-tuned: serve it (Ray Serve + vLLM), evaluate"):
-        with serving(cfg, train_cfg, output, "ft", fine_tuned_model(train_cfg, output),
+        with serving(cfg, train_cfg, output, "ft", fine_tuned_model(cfg, train_cfg, output),
                      console) as endpoint:
             evaluate("fine_tuned", endpoint)
     runs = evaluate.runs

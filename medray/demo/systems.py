@@ -32,14 +32,13 @@ def model_dirs(output: Path) -> dict[str, Path]:
             "merged": model / "merged", "adapter": Path(output) / "train" / "adapter"}
 
 
-def fine_tuned_model(train_cfg: Any, output: Path) -> Path:
-    """What vLLM serves for the fine-tuned row: a plain LoRA adapter rides on the base
-    (returned as is); one that also trains full modules (modules_to_save) cannot be loaded
-    as LoRA by vLLM, so it is merged into the base first (PEFT merge_and_unload)."""
+def fine_tuned_model(cfg: DemoConfig, train_cfg: Any, output: Path) -> Path:
+    """What vLLM serves for the fine-tuned row: the LoRA adapter dir (served on the base),
+    or the base with the adapter merged in (PEFT merge_and_unload)."""
     from medray.train.checkpoints import merge_adapter
 
     dirs = model_dirs(output)
-    if not train_cfg.lora.modules_to_save:
+    if not cfg.serves_merged:
         return dirs["adapter"]
     return merge_adapter(train_cfg.model.name_or_path, dirs["adapter"], dirs["merged"])
 
