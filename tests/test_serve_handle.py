@@ -65,8 +65,8 @@ def test_handle_and_http_give_the_same_run_and_resume_across_them(
     assert after.get("qa", 0) - before.get("qa", 0) == 6  # counted as the route counts
     assert _rows(tmp_path / "handle") == _rows(tmp_path / "http")
     # as JSON text: NaN (tiny groups) compares equal that way
-    assert json.dumps(in_cluster["metrics"], sort_keys=True) == \
-        json.dumps(over_http["metrics"], sort_keys=True)
+    assert json.dumps(in_cluster["metrics"]["medqaro"]["metrics"], sort_keys=True) == \
+        json.dumps(over_http["metrics"]["medqaro"]["metrics"], sort_keys=True)
     assert in_cluster["run"]["engine_spec"] == f"serve:app:{APP}"
 
     # One run folder: started over HTTP, cancelled, resumed in-cluster (engine.app only

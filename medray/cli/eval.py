@@ -128,7 +128,8 @@ def eval_cmd(
         fail("missing option --output DIR (the run directory)")
     cfg = _config(config, engine, flags)
     cfg.tracking = with_flags(cfg.tracking, mlflow, wandb)
-    join_serve_app(cfg.engine, address)  # engine.app: planning reads through its cluster
+    if not dry_run:  # engine.app: planning reads the served prompt through its cluster
+        join_serve_app(cfg.engine, address)
     plan = _plan(cfg, dry_run, shorthand=engine is not None)
     if not dry_run:
         try:  # an unreachable tracking server fails before the run folder is claimed
