@@ -97,8 +97,10 @@ def test_handle_and_http_give_the_same_mcq_answers(serve_app, robiology_prepared
     url, key, _ = serve_app
     monkeypatch.setenv("MEDRAY_TEST_KEY", key)
     engine = {"kind": "serve", "url": url, "api_key_env": "MEDRAY_TEST_KEY", "adapter": "ft"}
-    run_eval(_cfg(robiology_prepared, engine, limit=3), tmp_path / "http")
-    run_eval(_cfg(robiology_prepared, {**engine, "app": APP}, limit=3), tmp_path / "handle")
+    score = {"resamples": 20, "wordnet": False}
+    run_eval(_cfg(robiology_prepared, engine, limit=3, score=score), tmp_path / "http")
+    run_eval(_cfg(robiology_prepared, {**engine, "app": APP}, limit=3, score=score),
+             tmp_path / "handle")
     assert _rows(tmp_path / "handle") == _rows(tmp_path / "http")
 
 
