@@ -16,7 +16,7 @@ from typing import Annotated, Any
 import typer
 
 from medray.cli.choices import MetricMode
-from medray.cli.raystart import start_ray
+from medray.cli.raystart import join_serve_app, start_ray
 from medray.cli.train import MLFLOW_HELP, WANDB_HELP
 from medray.console import command_console, fail
 from medray.tracking import check_tracking, with_flags
@@ -128,6 +128,8 @@ def eval_cmd(
         fail("missing option --output DIR (the run directory)")
     cfg = _config(config, engine, flags)
     cfg.tracking = with_flags(cfg.tracking, mlflow, wandb)
+    if not dry_run:  # engine.app: planning reads the served prompt through its cluster
+        join_serve_app(cfg.engine, address)
     plan = _plan(cfg, dry_run, shorthand=engine is not None)
     if not dry_run:
         try:  # an unreachable tracking server fails before the run folder is claimed
@@ -147,6 +149,7 @@ def evaluate_config(config: Path, output: Path, *, address: str | None = None,
     """`medray eval --config CONFIG --output OUTPUT` as a plain function (jobs/evaluate.py):
     the same checks, run directory, console and exit statuses."""
     cfg = _config(config, None, {})
+    join_serve_app(cfg.engine, address)
     _evaluate(cfg, _plan(cfg, False, shorthand=False), output, address=address,
               num_cpus=num_cpus, verbose=verbose, as_json=as_json)
 

@@ -1,5 +1,6 @@
 """The demo's three systems: serving a model on Ray Serve (vLLM replica + QA ingress) and
-evaluating each system with `medray eval`'s runner (evaluation actors) on every split."""
+evaluating each system with `medray eval`'s runner (evaluation actors, which call the app
+through a DeploymentHandle: it runs in the same Ray cluster) on every split."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def serving(cfg: DemoConfig, train_cfg: Any, output: Path, name: str, model: Pat
     serve.run(build_app(app), name=app_name, route_prefix=f"/{app_name}")
     try:
         http = _get_global_client().http_config
-        endpoint = {"url": f"http://{http.host}:{http.port}/{app_name}",
+        endpoint = {"url": f"http://{http.host}:{http.port}/{app_name}", "app": app_name,
                     "model": app.model_id, "adapter": name if is_adapter else None}
         console.print(f"serving {model.name} as {app.model_id}"
                       f"{' + adapter ' + name if is_adapter else ''}: {endpoint['url']}/v1/qa "
@@ -106,8 +107,11 @@ class SystemEvaluator:
         if endpoint is None:
             engine = EngineSpec(kind="baseline", baseline="majority")
         else:
-            engine = EngineSpec(kind="serve", url=endpoint["url"], api_key_env=DEMO_KEY_ENV,
-                                model=endpoint["model"], adapter=endpoint["adapter"])
+            # In-cluster (the app runs in this Ray cluster): through a DeploymentHandle, no
+            # HTTP proxy; the URL stays recorded and serves outside callers.
+            engine = EngineSpec(kind="serve", url=endpoint["url"], app=endpoint["app"],
+                                api_key_env=DEMO_KEY_ENV, model=endpoint["model"],
+                                adapter=endpoint["adapter"])
         e = self.cfg.eval
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=self.console) as bar:

@@ -58,6 +58,10 @@ class EngineSpec(Strict):
 
     kind: Literal["serve", "vllm", "hf", "openai", "anthropic", "baseline"]
     url: str | None = None  # serve: http://127.0.0.1:8000
+    # serve: the Serve application's name (`serve run ... --name`, `medray serve`'s config
+    # `name`). Set, the evaluation calls it through a DeploymentHandle from inside the Ray
+    # cluster that serves it (no HTTP; no API key); unset, over HTTP at `url`.
+    app: str | None = None
     # serve: MEDRAY_API_KEY; API engines: OPENAI_API_KEY / ANTHROPIC_API_KEY
     api_key_env: str | None = None
     model: str | None = None  # vllm/hf: path or hub id; API: model name; serve: served id
@@ -88,8 +92,11 @@ class EngineSpec(Strict):
     @model_validator(mode="after")
     def _needs(self) -> EngineSpec:
         field = ENGINES[self.kind].target
-        if not getattr(self, field):
-            raise ValueError(f"engine.kind={self.kind} needs engine.{field}")
+        if self.app and self.kind != "serve":
+            raise ValueError(f"engine.app is for engine.kind=serve, not {self.kind}")
+        if not getattr(self, field) and not (self.kind == "serve" and self.app):
+            raise ValueError(f"engine.kind={self.kind} needs engine.{field}"
+                             + (" or engine.app" if self.kind == "serve" else ""))
         if self.device == "cpu" and self.tensor_parallel_size > 1:
             raise ValueError("engine.tensor_parallel_size > 1 needs engine.device=gpu")
         return self
@@ -110,6 +117,8 @@ class EngineSpec(Strict):
 
     @property
     def target(self) -> str:
+        if self.app:  # the in-cluster Serve app, as `serve:app:NAME` writes it
+            return f"app:{self.app}"
         return str(getattr(self, self.entry.target))
 
     @property
@@ -155,7 +164,7 @@ class EngineSpec(Strict):
         if self.kind == "serve":
             return {"api_key_env": self.api_key_env or "MEDRAY_API_KEY",
                     "model": self.model or "medray", "adapter": self.adapter,
-                    "timeout": self.timeout_s}
+                    "timeout": self.timeout_s, "app": self.app}
         if self.kind == "vllm":
             return {"adapter": self.adapter, **self.vllm_kwargs()}
         if self.kind == "hf":
@@ -176,15 +185,18 @@ def parse_spec(spec: str, **fields: Any) -> EngineSpec:
     if not sep or not target.strip():
         raise EngineSpecError(f"engine spec {spec!r}: expected KIND:TARGET, e.g. "
                               "openai:gpt-4o-mini, anthropic:claude-3-5-haiku-20241022, "
-                              "hf:PATH, vllm:PATH, serve:URL, baseline:majority")
+                              "hf:PATH, vllm:PATH, serve:URL, serve:app:NAME, "
+                              "baseline:majority")
     if kind not in ENGINES:
         raise EngineSpecError(f"engine spec {spec!r}: unknown kind {kind!r}; "
                               f"expected one of {', '.join(KINDS)}")
     from pydantic import ValidationError
 
+    field, target = ENGINES[kind].target, target.strip()
+    if kind == "serve" and target.startswith("app:"):  # serve:app:NAME, in-cluster
+        field, target = "app", target[4:]
     try:
-        return EngineSpec.model_validate(
-            {**fields, "kind": kind, ENGINES[kind].target: target.strip()})
+        return EngineSpec.model_validate({**fields, "kind": kind, field: target})
     except ValidationError as err:
         msgs = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'engine'}: {e['msg']}"
                          for e in err.errors())
@@ -204,4 +216,4 @@ def build_engine(spec: str | EngineSpec, **kwargs: Any) -> Any:
             raise EngineSpecError(f"engine {parsed}: {entry.module} is not available") from err
         raise
     options = {k: v for k, v in parsed.engine_kwargs().items() if v is not None}
-    return getattr(module, entry.cls)(parsed.target, **{**options, **kwargs})
+    return getattr(module, entry.cls)(getattr(parsed, entry.target), **{**options, **kwargs})

@@ -1,12 +1,16 @@
-"""HTTP client engine for medray's own Serve endpoint (medray/serve/app.py).
+"""Client engine for medray's own Serve app (medray/serve/app.py): over HTTP (`url`), or,
+from inside the Ray cluster that serves it, through a DeploymentHandle (`app`: the
+application's name; medray/engines/serve_handle.py), which skips the HTTP proxy.
 
 `generate` and `score_options` use the OpenAI-compatible /v1/completions route (log-probs
-of generated tokens; prompt log-probs for option scoring); `qa` and `mcq` call the QA
-routes, where the long-context strategy runs server-side with the training prompt code.
+of generated tokens; prompt log-probs for option scoring; HTTP only); `qa` and `mcq` call
+the QA routes, where the long-context strategy runs server-side with the training prompt
+code; `models` reads /v1/models (each served name's prompt).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -31,23 +35,41 @@ class ServeEngine:
 
     def __init__(
         self,
-        url: str,
+        url: str | None,
         *,
+        app: str | None = None,
         api_key: str | None = None,
         api_key_env: str = "MEDRAY_API_KEY",
         model: str = "medray",
         adapter: str | None = None,
         timeout: float = 300.0,
     ) -> None:
-        self.url = url.rstrip("/")
-        key = api_key or os.environ.get(api_key_env)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.url = url.rstrip("/") if url else None
         self.model = model
         self.adapter = adapter
-        self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+        self._app = None
+        if app:  # in-cluster: no key (being in the cluster is the credential)
+            from medray.engines.serve_handle import AppHandle
 
-    def _post(self, path: str, payload: dict[str, Any]) -> dict[str, Any]:
-        resp = self._client.post(path, json=payload)
+            self._app = AppHandle(app, timeout)
+        self._client = None
+        if self.url:
+            key = api_key or os.environ.get(api_key_env)
+            headers = {"Authorization": f"Bearer {key}"} if key else {}
+            self._client = httpx.Client(base_url=self.url, headers=headers, timeout=timeout)
+
+    def _post(self, path: str, payload: dict[str, Any] | None, get: bool = False) -> Any:
+        from medray.engines.serve_handle import IN_CLUSTER_ROUTES
+
+        if self._app is not None and path in IN_CLUSTER_ROUTES:
+            status, body = self._app.call(path, payload or {})
+            if status >= 400:
+                raise ServeError(status, json.dumps(body))
+            return body
+        if self._client is None:
+            raise ServeError(404, f"{path} is not called in-cluster (engine.app "
+                             f"{self._app and self._app.app!r}); set engine.url to reach it")
+        resp = self._client.get(path) if get else self._client.post(path, json=payload)
         if resp.status_code >= 400:
             raise ServeError(resp.status_code, resp.text)
         return resp.json()
@@ -121,11 +143,18 @@ class ServeEngine:
             payload["max_new_tokens"] = max_new_tokens
         return self._post("/v1/mcq", payload)
 
+    def models(self) -> dict[str, Any]:
+        """/v1/models: the served names, each with its prompt."""
+        return self._post("/v1/models", None, get=True)
+
     def healthy(self) -> bool:
+        if self._client is None:  # in-cluster: the handle found the app callable
+            return self._app is not None
         try:
             return self._client.get("/healthz").status_code == 200
         except httpx.HTTPError:
             return False
 
     def close(self) -> None:
-        self._client.close()
+        if self._client is not None:
+            self._client.close()

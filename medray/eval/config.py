@@ -6,6 +6,7 @@ Example (served model; `MEDRAY_API_KEY` holds the bearer key)::
     data: runs/demo/data            # prepared dataset directory
     split: test                     # test | test_cross | val
     engine: {kind: serve, url: "http://127.0.0.1:8000", adapter: ft}
+    #engine: {kind: serve, app: medray, adapter: ft}  # in the app's Ray cluster: no HTTP
     #engine: {kind: vllm, model: runs/demo/model, adapter: runs/demo/train/adapter}
     #engine: {kind: vllm, model: M, device: gpu, tensor_parallel_size: 2,
     #         gpu_memory_utilization: 0.9, enable_prefix_caching: true}  # 2 GPUs per actor
@@ -86,9 +87,10 @@ class EvalConfig(Strict):
 
 # Settings that change how the run is executed, not what it computes: a resume may change
 # them (more actors, a larger rate limit) without mixing two runs in one folder.
+# engine.app: whether the same served model is called in-cluster or over HTTP.
 EXECUTION_ONLY = ("actors", "max_in_flight", "actor_placement", "cache", "engine.concurrency",
                   "engine.requests_per_minute", "engine.max_retries", "engine.timeout_s",
-                  "engine.cpus", "tracking")
+                  "engine.cpus", "engine.app", "tracking")
 
 
 def engine_config(engine: str, data: str | Path, *, base_url: str | None = None,

@@ -5,7 +5,7 @@ override differs from training).
 Where the model's prompt comes from, per engine kind:
 - vllm, hf: the prompt.json beside the adapter (engine.adapter), else beside the model folder;
 - serve: the endpoint's /v1/models card of the evaluated name (the Serve app read the
-  same prompt.json from the folder it serves);
+  same prompt.json from the folder it serves), in-cluster when engine.app is set;
 - API engines: none (the config's, else the defaults); baselines read no prompt.
 """
 
@@ -27,20 +27,24 @@ def _local_spec(path: str | None) -> PromptSpec | None:
 
 def served_prompt(engine: EngineSpec, api_key: str | None = None) -> PromptSpec | None:
     """The PromptSpec a medray endpoint reports for the evaluated model (None if it reports
-    none)."""
+    none); read in-cluster when `engine.app` is set, else over HTTP."""
     import httpx
 
-    key = api_key or os.environ.get(engine.api_key_env or "MEDRAY_API_KEY")
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    from medray.engines.registry import build_engine
+    from medray.engines.serve import ServeError
+
     name = engine.model or "medray"
     wanted = {f"{name}:{engine.adapter}", engine.adapter} if engine.adapter else {name}
-    url = f"{(engine.url or '').rstrip('/')}/v1/models"
+    where = f"Serve app {engine.app!r}" if engine.app else f"{(engine.url or '').rstrip('/')}"
+    client = build_engine(engine, api_key=api_key)  # EngineSpecError: app not callable
     try:
-        resp = httpx.get(url, headers=headers, timeout=engine.timeout_s)
-        resp.raise_for_status()
-    except httpx.HTTPError as err:
-        raise ValueError(f"{url}: cannot read the served model's prompt ({err})") from None
-    for card in resp.json().get("data", []):
+        cards = client.models().get("data", [])
+    except (httpx.HTTPError, ServeError) as err:
+        raise ValueError(f"{where}/v1/models: cannot read the served model's prompt "
+                         f"({err})") from None
+    finally:
+        client.close()
+    for card in cards:
         if card.get("id") in wanted and card.get("prompt"):
             return PromptSpec.model_validate(card["prompt"])
     return None
@@ -55,7 +59,8 @@ def recorded_prompt(engine: EngineSpec, api_key: str | None = None) -> tuple[Any
                 return spec, str(path)
         return None, str(engine.model)
     if engine.kind == "serve":
-        return served_prompt(engine, api_key), f"{engine.url} ({engine.label})"
+        where = f"Serve app {engine.app}" if engine.app else engine.url
+        return served_prompt(engine, api_key), f"{where} ({engine.label})"
     return None, engine.label
 
 

@@ -33,6 +33,7 @@ from medray.engines.base import Generation
 from medray.prompts.spec import PromptSpec
 from medray.serve.config import AppConfig
 from medray.serve.errors import APIError, context_error, from_validation, install_error_handlers
+from medray.serve.incluster import InClusterCalls, Payload
 from medray.serve.limits import chars_per_token, check_chars, check_openai_window, read_json
 from medray.serve.llm import wants_prompt_logprobs
 from medray.serve.openai_models import request_models
@@ -64,7 +65,7 @@ def _bearer(request: Request) -> bytes:
 
 @serve.deployment(max_ongoing_requests=64)
 @serve.ingress(app)
-class QAIngress:
+class QAIngress(InClusterCalls):  # `call`: the routes for callers in the cluster
     def __init__(self, llms: dict[str, DeploymentHandle], config: dict[str, Any]) -> None:
         self.cfg = AppConfig.model_validate(config)
         keys = self.cfg.api_keys()
@@ -112,7 +113,7 @@ class QAIngress:
 
     def _auth(self, request: Request) -> None:
         """Checked first in every route but the health probes, before the body is read."""
-        if not self.cfg.require_auth:
+        if not self.cfg.require_auth or isinstance(request, Payload):  # in-cluster: trusted
             return
         token = _bearer(request)
         if not token or not any(hmac.compare_digest(token, k) for k in self._keys):
@@ -123,7 +124,8 @@ class QAIngress:
         """The body validated with this deployment's model `schema` (schemas.py); the
         OpenAI routes answer an invalid body with a 400, as OpenAI's and vLLM's do."""
         self._auth(request)
-        data = await read_json(request, self.cfg.max_body_bytes)
+        data = request.data if isinstance(request, Payload) else await read_json(
+            request, self.cfg.max_body_bytes)
         try:
             return self.schemas[schema].model_validate(data)
         except ValidationError as exc:
