@@ -13,8 +13,10 @@ replica's engine, read per replica with `replica_cache_stats` (the benchmark and
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+import ray
 from ray.serve.llm.request_router import PrefixCacheAffinityRouter
 
 from medray.serve.config import AppConfig
@@ -39,8 +41,9 @@ def prompt_key(prompt: Any) -> str:
 
 
 class PromptPrefixRouter(PrefixCacheAffinityRouter):
-    """PrefixCacheAffinityRouter keyed on token ids too; an empty key (nothing to match)
-    falls back to Serve's least-loaded of two."""
+    """PrefixCacheAffinityRouter keyed on token ids too, which settles a tie between
+    replicas when it routes (see below); an empty key (nothing to match) falls back to
+    Serve's least-loaded of two."""
 
     def initialize_state(self, **kwargs: Any) -> None:
         tree = kwargs.pop("tree_actor", None) or prefix_tree_actor(self._deployment_id)
@@ -58,9 +61,21 @@ class PromptPrefixRouter(PrefixCacheAffinityRouter):
 
     async def _prefix_match_best_replicas(self, pending_request: Any,
                                           candidate_replicas: list[Any]) -> list[Any]:
-        if pending_request is None or not self._extract_text_from_request(pending_request):
+        key = self._extract_text_from_request(pending_request) if pending_request else ""
+        if not key:
             return [[]]
-        return await super()._prefix_match_best_replicas(pending_request, candidate_replicas)
+        (chosen,) = await super()._prefix_match_best_replicas(pending_request,
+                                                              candidate_replicas)
+        if len(chosen) <= 1:
+            return [chosen]
+        # Several equally good replicas (a new patient while the replicas hold as much):
+        # one of them, recorded now. Ray records the prefix only once the request is sent,
+        # so a patient's questions routed meanwhile would each pick among the tie.
+        queue = self._replica_queue_len_cache.get
+        one = min(chosen, key=lambda r: queue(r.replica_id) or 0)
+        ray.get(self._tree_actor.insert.remote(key, one.replica_id.to_full_id_str(),
+                                               time.time()))
+        return [[one]]
 
     def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
         if pending_request is not None and self._extract_text_from_request(pending_request):
