@@ -41,8 +41,8 @@ def prompt_key(prompt: Any) -> str:
 
 
 class PromptPrefixRouter(PrefixCacheAffinityRouter):
-    """PrefixCacheAffinityRouter keyed on token ids too, which settles a tie between
-    replicas when it routes (see below); an empty key (nothing to match) falls back to
+    """PrefixCacheAffinityRouter keyed on token ids too, which records a prefix on its
+    replica as it routes it (see below); an empty key (nothing to match) falls back to
     Serve's least-loaded of two."""
 
     def initialize_state(self, **kwargs: Any) -> None:
@@ -66,11 +66,11 @@ class PromptPrefixRouter(PrefixCacheAffinityRouter):
             return [[]]
         (chosen,) = await super()._prefix_match_best_replicas(pending_request,
                                                               candidate_replicas)
-        if len(chosen) <= 1:
+        if not chosen:
             return [chosen]
-        # Several equally good replicas (a new patient while the replicas hold as much):
-        # one of them, recorded now. Ray records the prefix only once the request is sent,
-        # so a patient's questions routed meanwhile would each pick among the tie.
+        # One replica, recorded now: Ray records a prefix only once its request is sent, so
+        # requests routed meanwhile (a new patient's other questions, other new patients)
+        # would pick on a stale tree and pile onto the same "smallest" replica or split.
         queue = self._replica_queue_len_cache.get
         one = min(chosen, key=lambda r: queue(r.replica_id) or 0)
         ray.get(self._tree_actor.insert.remote(key, one.replica_id.to_full_id_str(),
