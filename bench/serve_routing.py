@@ -2,7 +2,7 @@
 (`routing: default | prefix`) on /v1/qa's E+Q+A shape, side by side in one run, on
 127.0.0.1 only.
 
-    .venv/bin/python bench/serve_routing.py [--patients 6] [--questions 16] [--model PATH]
+    .venv/bin/python bench/serve_routing.py [--patients 6] [--questions 12] [--model PATH]
 
 Several patients, many questions each, all sent to /v1/qa in one shuffled order at
 --concurrency. Per replica: requests, and vLLM's prefix-cache hit rate (prefix-cache hit
@@ -108,8 +108,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="model path (default: the prefill model)")
     ap.add_argument("--patients", type=int, default=6)
-    ap.add_argument("--questions", type=int, default=16, help="per patient")
-    ap.add_argument("--context-tokens", type=int, default=2048)
+    ap.add_argument("--questions", type=int, default=12, help="per patient")
+    ap.add_argument("--context-tokens", type=int, default=1024)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--kv-patients", type=float, default=4,
                     help="epicrises (plus their questions) one replica's KV cache holds")
