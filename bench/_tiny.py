@@ -29,3 +29,25 @@ def percentile(values: list[float], q: float) -> float:
     import numpy as np
 
     return float(np.percentile(values, q)) if values else float("nan")
+
+
+BENCH_KEY = "bench-key"  # the serving benches' API key (env MEDRAY_BENCH_KEYS)
+
+
+def local_serve(num_cpus: int) -> str:
+    """A local Ray cluster with Serve's HTTP proxy on a free 127.0.0.1 port; its URL.
+    Apps built with api_keys_env="MEDRAY_BENCH_KEYS" accept BENCH_KEY."""
+    import os
+    import socket
+
+    import ray
+    from ray import serve
+
+    os.environ["MEDRAY_BENCH_KEYS"] = BENCH_KEY
+    ray.init(num_cpus=num_cpus, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"MEDRAY_BENCH_KEYS": BENCH_KEY}})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    return f"http://127.0.0.1:{port}"

@@ -16,15 +16,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shlex
-import socket
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from _tiny import percentile, prepared_and_model
-
-KEY = "bench-key"
+from _tiny import BENCH_KEY as KEY
+from _tiny import local_serve, percentile, prepared_and_model
 
 
 async def _cell(url: str, items: list[tuple[str, str]], concurrency: int, n: int,
@@ -86,14 +84,7 @@ def main() -> None:
     test = data.split("test")
     items = [(q, data.context(c)) for q, c in zip(test["question"], test["context_id"],
                                                  strict=True)]
-    os.environ["MEDRAY_BENCH_KEYS"] = KEY
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"MEDRAY_BENCH_KEYS": KEY}})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    serve.start(http_options={"host": "127.0.0.1", "port": port})
-    url = f"http://127.0.0.1:{port}"
+    url = local_serve(num_cpus=4)
     results = []
     for replicas in [int(x) for x in args.replicas.split(",")]:
         cfg = AppConfig(model=model, device="cpu", max_model_len=1024,

@@ -41,6 +41,29 @@ class Replicas(Strict):
         return {"num_replicas": self.num_replicas or 1}
 
 
+class PrefixRouting(Strict):
+    """Knobs of the prefix-aware router (Ray Serve LLM's PrefixCacheAffinityRouter)."""
+
+    # None: a request always follows its prefix, however uneven the replicas' queues;
+    # a number: past that many more ongoing requests on the busiest replica than on the
+    # idlest, requests go to the less loaded of two replicas (prefix ignored).
+    imbalanced_threshold: float | None = Field(None, ge=0)
+    # A prompt whose best match covers less of it than this (a new patient) goes to the
+    # replica holding the fewest cached prompt tokens.
+    match_rate_threshold: float = Field(0.1, ge=0, le=1)
+    # The router's prefix tree is trimmed to 90% of this many tokens once it holds more.
+    max_tree_tokens: int = Field(400_000, ge=1000)
+
+    def router_kwargs(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"match_rate_threshold": self.match_rate_threshold,
+                               "do_eviction": True,
+                               "eviction_threshold_chars": self.max_tree_tokens,
+                               "eviction_target_chars": self.max_tree_tokens * 9 // 10}
+        if self.imbalanced_threshold is not None:  # Ray's default: never imbalanced
+            out["imbalanced_threshold"] = self.imbalanced_threshold
+        return out
+
+
 class AppConfig(Strict):
     """Everything `medray.serve.app:build_app` needs; the `args` block of serve/*.yaml.
 
@@ -67,6 +90,11 @@ class AppConfig(Strict):
     # head) says nothing about where the replicas run.
     device: Literal["cpu", "gpu"] = Field(description="where the vLLM replicas run")
     llm: Replicas = Field(default_factory=Replicas)
+    # How the ingress picks an LLM replica: "prefix" keeps prompts that share a prefix (a
+    # patient's epicrisis, with prompt.format eqa) on the replica that has it cached;
+    # "default" is Serve's least-loaded of two. None: prefix with several LLM replicas.
+    routing: Literal["prefix", "default"] | None = None
+    prefix_routing: PrefixRouting = Field(default_factory=PrefixRouting)
     ingress: Replicas = Field(default_factory=lambda: Replicas(num_cpus=0.5))
     base_dir: str | None = None
 
@@ -108,6 +136,13 @@ class AppConfig(Strict):
             raise ValueError(problem)
         if self.max_context_tokens is None:
             self.max_context_tokens = self.max_model_len
+        if self.routing is None:
+            most = (self.llm.autoscaling.max_replicas if self.llm.autoscaling is not None
+                    else self.llm.num_replicas or 1)
+            self.routing = "prefix" if most > 1 else "default"
+        if self.routing == "default" and self.prefix_routing != PrefixRouting():
+            raise ValueError("prefix_routing is set but routing is 'default'; set routing: "
+                             "prefix or drop prefix_routing")
         clash = ({self.model_id} | set(self.adapters)) & set(self.models)
         if clash:
             raise ValueError(f"models {sorted(clash)}: names already used by model_id/adapters")

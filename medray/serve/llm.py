@@ -14,6 +14,7 @@ from ray.serve.llm import LLMServer
 from medray.engines.vllm import cpu_dtype, serve_cpu_env
 from medray.serve.config import AppConfig
 from medray.serve.ray_internal import CallbackBase, disk_multiplex_config, engine_class_overridden
+from medray.serve.routing import count_prefix_cache, request_router_config
 
 
 class LocalModelCallback(CallbackBase):
@@ -112,9 +113,17 @@ class GatedLLMServer(LLMServer):
 
     async def __init__(self, *args: Any, **kwargs: Any) -> None:
         await super().__init__(*args, **kwargs)
+        self._cache_totals = count_prefix_cache(getattr(self.engine, "_engine_client", None))
         self._gate = ExclusiveGate() if self._llm_config.lora_config is not None else None
         if self._gate is not None:
             self._serialise_lora_loads()
+
+    async def prefix_cache_stats(self) -> dict[str, Any]:
+        """This replica's id and vLLM prefix-cache totals (medray.serve.routing)."""
+        from ray import serve
+
+        return {"replica": serve.get_replica_context().replica_id.to_full_id_str(),
+                "totals": dict(self._cache_totals or {})}
 
     def _serialise_lora_loads(self) -> None:
         """The engine's resolve_lora checks "loaded?" and then awaits the load, so the
@@ -200,13 +209,16 @@ def llm_config(cfg: AppConfig, model_id: str, source: str, lora: bool) -> Any:
             runtime_env={"env_vars": {**serve_cpu_env(engine),
                                       "OMP_NUM_THREADS": str(max(1, int(cfg.llm.num_cpus)))}},
         )
+    router = request_router_config(cfg)
+    router = {"request_router_config": router} if router else {}
     return LLMConfig(
         model_loading_config={"model_id": model_id, "model_source": source},
         callback_config={"callback_class": LocalModelCallback},
         engine_kwargs=engine,
         # The replica actor itself only relays requests: half a CPU, so that its bundle
         # (actor + engine, merged by LLMServer) stays small on a CPU-only cluster.
-        deployment_config={**cfg.llm.serve_options(), "ray_actor_options": {"num_cpus": 0.5}},
+        deployment_config={**cfg.llm.serve_options(), "ray_actor_options": {"num_cpus": 0.5},
+                           **router},
         experimental_configs={"medray_lora_paths": dict(cfg.adapters) if lora else {}},
         **extra,
     )

@@ -17,8 +17,9 @@ from ray.llm._internal.common.callbacks.base import CallbackBase
 
 RAY_VERSION_CHECKED = "2.60.0"
 
-__all__ = ["RAY_VERSION_CHECKED", "CallbackBase", "disk_multiplex_config",
-           "engine_class_overridden", "openai_sse_packet", "vllm_engine_class"]
+__all__ = ["RAY_VERSION_CHECKED", "CallbackBase", "broadcast", "disk_multiplex_config",
+           "engine_class_overridden", "openai_sse_packet", "prefix_tree_actor",
+           "vllm_engine_class"]
 
 
 def disk_multiplex_config(**fields: Any) -> Any:
@@ -47,3 +48,32 @@ def openai_sse_packet(item: Any) -> str:
     from ray.llm._internal.serve.core.ingress.utils import _apply_openai_json_format
 
     return _apply_openai_json_format(item)
+
+
+def prefix_tree_actor(deployment_id: Any) -> Any:
+    """The prefix tree PrefixCacheAffinityRouter keeps for one LLM deployment: the actor
+    Ray's router would create (same name and namespace, so every ingress replica shares
+    it, and `serve.shutdown()` removes it), but with no CPU reserved. Ray's own reserves
+    the default actor CPU for scheduling, which a CPU-only cluster whose CPUs all went to
+    replicas never frees, and routing then waits forever."""
+    import ray
+    from ray.llm._internal.serve.routing_policies.prefix_aware.prefix_tree import (
+        PrefixTreeActor,
+    )
+    from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+
+    namespace = "::".join([SERVE_NAMESPACE, deployment_id.app_name, deployment_id.name])
+    actor = PrefixTreeActor.options(name="LlmPrefixTreeActor", namespace=namespace,
+                                    get_if_exists=True, lifetime="detached",
+                                    num_cpus=0).remote()
+    controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
+    ray.get(controller._register_shutdown_cleanup_actor.remote(actor))
+    return actor
+
+
+def broadcast(handle: Any, method: str) -> list[Any]:
+    """Call `method` on every running replica of a deployment (Ray LLM's control-plane
+    broadcast; blocking)."""
+    from ray.llm._internal.serve.utils.broadcast import broadcast as ray_broadcast
+
+    return ray_broadcast(handle, method)

@@ -1,0 +1,135 @@
+"""Which LLM replica a request goes to, with several of them: the prefix-aware router.
+
+/v1/qa sends token ids (the prompt the training code assembled), never text, and Ray Serve
+LLM's PrefixCacheAffinityRouter only keys on text: token-id prompts read as "" to it (no
+affinity, and a division by zero on the empty key). `PromptPrefixRouter` is that router
+with a key for token ids, one character per token, so with prompt.format eqa a patient's
+questions share their epicrisis as a key prefix and stay on the replica whose vLLM prefix
+cache holds it; a new patient goes to the replica holding the fewest cached prompts.
+
+The replica side: `count_prefix_cache` adds a counter of vLLM's prefix-cache stats to a
+replica's engine, read per replica with `replica_cache_stats` (the benchmark and tests).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import ray
+from ray.serve.llm.request_router import PrefixCacheAffinityRouter
+
+from medray.serve.config import AppConfig
+from medray.serve.ray_internal import broadcast, prefix_tree_actor
+
+ROUTER_PATH = "medray.serve.routing.PromptPrefixRouter"
+# Token ids as private-use code points: one character per token keeps the tree small and
+# its prefix lengths in tokens; ids past the range wrap (a routing key only, never decoded).
+_BASE, _SPAN = 0xE000, 0x10FFFF - 0xE000
+
+
+def prompt_key(prompt: Any) -> str:
+    """The routing key of a completion prompt: text as is, token ids (one list, or a
+    batch of lists) one character per token; "" for anything else."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+        return "".join(chr(_BASE + t % _SPAN) for t in prompt)
+    if isinstance(prompt, list):
+        return "".join(prompt_key(p) for p in prompt if isinstance(p, str | list))
+    return ""
+
+
+class PromptPrefixRouter(PrefixCacheAffinityRouter):
+    """PrefixCacheAffinityRouter keyed on token ids too, which records a prefix on its
+    replica as it routes it (see below); an empty key (nothing to match) falls back to
+    Serve's least-loaded of two."""
+
+    def initialize_state(self, **kwargs: Any) -> None:
+        tree = kwargs.pop("tree_actor", None) or prefix_tree_actor(self._deployment_id)
+        super().initialize_state(tree_actor=tree, **kwargs)
+
+    def _extract_text_from_request(self, pending_request: Any) -> str:
+        for arg in pending_request.args or ():
+            prompt = getattr(arg, "prompt", None)
+            if prompt is not None:
+                return prompt_key(prompt)
+            messages = getattr(arg, "messages", None)
+            if messages is not None:  # chat: Ray's own reading of the messages' text
+                return self._normalize_prompt_to_string(messages)
+        return ""
+
+    async def _prefix_match_best_replicas(self, pending_request: Any,
+                                          candidate_replicas: list[Any]) -> list[Any]:
+        key = self._extract_text_from_request(pending_request) if pending_request else ""
+        if not key:
+            return [[]]
+        (chosen,) = await super()._prefix_match_best_replicas(pending_request,
+                                                              candidate_replicas)
+        if not chosen:
+            return [chosen]
+        # One replica, recorded now: Ray records a prefix only once its request is sent, so
+        # requests routed meanwhile (a new patient's other questions, other new patients)
+        # would pick on a stale tree and pile onto the same "smallest" replica or split.
+        queue = self._replica_queue_len_cache.get
+        one = min(chosen, key=lambda r: queue(r.replica_id) or 0)
+        ray.get(self._tree_actor.insert.remote(key, one.replica_id.to_full_id_str(),
+                                               time.time()))
+        return [[one]]
+
+    def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
+        if pending_request is not None and self._extract_text_from_request(pending_request):
+            super().on_request_routed(pending_request, replica_id, result)
+
+
+def request_router_config(cfg: AppConfig) -> dict[str, Any] | None:
+    """The LLM deployments' `request_router_config`; None keeps Serve's default router."""
+    if cfg.routing != "prefix":
+        return None
+    return {"request_router_class": ROUTER_PATH,
+            "request_router_kwargs": cfg.prefix_routing.router_kwargs()}
+
+
+def count_prefix_cache(engine_client: Any) -> dict[str, int] | None:
+    """Totals of vLLM's prefix-cache stats (requests, queried and hit prompt tokens, the
+    numbers behind vllm:prefix_cache_queries/hits) kept by a stat logger added to this
+    replica's engine; None when the engine keeps no stats. Imports vLLM: replicas only."""
+    from vllm.v1.metrics.loggers import AggregateStatLoggerBase
+
+    manager = getattr(engine_client, "logger_manager", None)
+    if manager is None:
+        return None
+    totals = {"requests": 0, "queries": 0, "hits": 0}
+
+    class PrefixCacheCounter(AggregateStatLoggerBase):
+        def __init__(self) -> None:  # no per-engine state: totals above
+            pass
+
+        def record(self, scheduler_stats: Any, iteration_stats: Any,
+                   mm_cache_stats: Any = None, engine_idx: int = 0) -> None:
+            stats = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if stats is not None:
+                for name in totals:
+                    totals[name] += getattr(stats, name)
+
+        def log_engine_initialized(self) -> None:
+            pass
+
+    manager.stat_loggers.append(PrefixCacheCounter())
+    return totals
+
+
+def replica_cache_stats(app_name: str, deployment: str) -> dict[str, dict[str, int]]:
+    """{replica id: prefix-cache totals} of every running replica of an LLM deployment."""
+    from ray import serve
+
+    handle = serve.get_deployment_handle(deployment, app_name=app_name)
+    return {r["replica"]: r["totals"] for r in broadcast(handle, "prefix_cache_stats")}
+
+
+def llm_deployments(app_name: str) -> list[str]:
+    """The LLM deployments of a running medray app (all but the ingress)."""
+    from ray import serve
+
+    app = serve.status().applications[app_name]
+    return sorted(d for d in app.deployments if d != "QAIngress")
