@@ -28,22 +28,31 @@ def _local_spec(path: str | None) -> PromptSpec | None:
 def served_prompt(engine: EngineSpec, api_key: str | None = None) -> PromptSpec | None:
     """The PromptSpec a medray endpoint reports for the evaluated model (None if it reports
     none)."""
+    card = served_model(engine, api_key)
+    return PromptSpec.model_validate(card["prompt"]) if card and card.get("prompt") else None
+
+
+def served_model(engine: EngineSpec, api_key: str | None = None) -> dict | None:
+    """The endpoint's /v1/models card of the evaluated name (None if it lists none)."""
     import httpx
+
+    from medray.engines.serve import served_card
 
     key = api_key or os.environ.get(engine.api_key_env or "MEDRAY_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    name = engine.model or "medray"
-    wanted = {f"{name}:{engine.adapter}", engine.adapter} if engine.adapter else {name}
     url = f"{(engine.url or '').rstrip('/')}/v1/models"
     try:
         resp = httpx.get(url, headers=headers, timeout=engine.timeout_s)
         resp.raise_for_status()
     except httpx.HTTPError as err:
-        raise ValueError(f"{url}: cannot read the served model's prompt ({err})") from None
-    for card in resp.json().get("data", []):
-        if card.get("id") in wanted and card.get("prompt"):
-            return PromptSpec.model_validate(card["prompt"])
-    return None
+        raise ValueError(f"{url}: cannot read the served model's card ({err})") from None
+    return served_card(resp.json(), engine.model or "medray", engine.adapter)
+
+
+def serve_api_key(cfg: EvalConfig) -> str | None:
+    """The key a serve engine's config names (its api_key_env), if set here."""
+    key_env = cfg.engine.engine_kwargs().get("api_key_env")
+    return os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env else None
 
 
 def recorded_prompt(engine: EngineSpec, api_key: str | None = None) -> tuple[Any, str]:
@@ -71,9 +80,7 @@ def with_resolved_prompt(cfg: EvalConfig) -> EvalConfig:
     the endpoint's card), so every actor uses exactly it. Baselines read no prompt."""
     if cfg.engine.kind == "baseline":
         return cfg
-    key_env = cfg.engine.engine_kwargs().get("api_key_env")
-    api_key = os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env else None
-    spec = resolve_eval_prompt(cfg, api_key)
+    spec = resolve_eval_prompt(cfg, serve_api_key(cfg))
     if cfg.engine.kind in ("vllm", "hf") and spec.chat_template == "auto":
         from medray.models import load_tokenizer
 
