@@ -256,3 +256,80 @@ def baseline_report(medqaro_prepared, europemedqa_prepared, tmp_path_factory) ->
     result = CliRunner().invoke(app, ["report", *map(str, runs.values()), "--out", str(out)])
     assert result.exit_code == 0, result.output
     return {"runs": runs, "out": out, "output": result.output}
+
+
+# --- vision-language items and model ---
+# Images per item of `vlm_data`.
+VLM_IMAGES = {"IT0001": 0, "IT0002": 1, "IT0003": 0, "IT0004": 2, "IT0005": 0, "IT0006": 1}
+
+
+def png_bytes(color: tuple[int, int, int], size: tuple[int, int]) -> bytes:
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", size, color).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="session")
+def vlm_data(tmp_path_factory) -> Path:
+    """A prepared EuropeMedQA set of six items: three text-only, two with one image, one
+    with two (different sizes)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from medray.cli import app
+
+    raw = tmp_path_factory.mktemp("vlm_raw")
+    (raw / "images").mkdir()
+    images = {"a.png": png_bytes((220, 20, 20), (40, 30)),
+              "b.png": png_bytes((20, 220, 20), (16, 48)),
+              "c.png": png_bytes((20, 20, 220), (64, 64))}
+    for name, data in images.items():
+        (raw / "images" / name).write_bytes(data)
+    links = [[], ["images/a.png"], [], ["images/b.png", "images/c.png"], [], ["images/c.png"]]
+    records = [{"id": f"IT000{i + 1}", "question": f"Domanda {i + 1}: quale risposta?",
+                "options": [{"letter": x, "text": t} for x, t in
+                            zip("ABCD", ["uno", "due", "tre", "quattro"], strict=True)],
+                "correct_answer": {"letter": "ABCD"[i % 4]}, "has_image": bool(link),
+                "images": link, "metadata": {"test_year": 2022}}
+               for i, link in enumerate(links)]
+    (raw / "questions.json").write_text(json.dumps(records))
+    out = tmp_path_factory.mktemp("vlm_data") / "data"
+    res = CliRunner().invoke(app, ["data", "prepare", "-d", "europemedqa", "-i", str(raw),
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm(tmp_path_factory) -> Path:
+    """`medray model tiny-vlm`: a random-init tiny Idefics3 (SmolVLM architecture)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from medray.cli import app
+
+    out = tmp_path_factory.mktemp("tiny_vlm") / "model"
+    res = CliRunner().invoke(app, ["model", "tiny-vlm", "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert json.loads((out / "medray_tiny.json").read_text())["kind"] == "tiny-vlm"
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_vlm_vllm_run(ray_session, tiny_vlm, vlm_data, tmp_path_factory) -> Path:
+    """`medray eval --engine vllm:TINY_VLM` over `vlm_data`: the run directory."""
+    from typer.testing import CliRunner
+
+    from medray.cli import app
+
+    out = tmp_path_factory.mktemp("tiny_vlm_vllm") / "vllm"  # the run's name in reports
+    res = CliRunner().invoke(app, ["eval", "--engine", f"vllm:{tiny_vlm}", "--data",
+                                   str(vlm_data), "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    return out

@@ -6,57 +6,17 @@ text-only model still skips the image items. Heavy (torch, vLLM): run under floc
 
 from __future__ import annotations
 
-import io
 import json
 from pathlib import Path
 
 import pandas as pd
-import pytest
+from conftest import VLM_IMAGES
 from PIL import Image
 from typer.testing import CliRunner
 
 from medray.cli import app
 
 runner = CliRunner()
-
-
-def _png(color: tuple[int, int, int], size: tuple[int, int]) -> bytes:
-    buf = io.BytesIO()
-    Image.new("RGB", size, color).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-@pytest.fixture(scope="module")
-def vlm_data(tmp_path_factory) -> Path:
-    """Six items: three text-only, two with one image, one with two (different sizes)."""
-    raw = tmp_path_factory.mktemp("vlm_raw")
-    (raw / "images").mkdir()
-    images = {"a.png": _png((220, 20, 20), (40, 30)), "b.png": _png((20, 220, 20), (16, 48)),
-              "c.png": _png((20, 20, 220), (64, 64))}
-    for name, data in images.items():
-        (raw / "images" / name).write_bytes(data)
-    links = [[], ["images/a.png"], [], ["images/b.png", "images/c.png"], [], ["images/c.png"]]
-    records = [{"id": f"IT000{i + 1}", "question": f"Domanda {i + 1}: quale risposta?",
-                "options": [{"letter": x, "text": t} for x, t in
-                            zip("ABCD", ["uno", "due", "tre", "quattro"], strict=True)],
-                "correct_answer": {"letter": "ABCD"[i % 4]}, "has_image": bool(link),
-                "images": link, "metadata": {"test_year": 2022}}
-               for i, link in enumerate(links)]
-    (raw / "questions.json").write_text(json.dumps(records))
-    out = tmp_path_factory.mktemp("vlm_data") / "data"
-    res = runner.invoke(app, ["data", "prepare", "-d", "europemedqa", "-i", str(raw),
-                              "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    return out
-
-
-@pytest.fixture(scope="module")
-def tiny_vlm(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("tiny_vlm") / "model"
-    res = runner.invoke(app, ["model", "tiny-vlm", "--out", str(out)])
-    assert res.exit_code == 0, res.output
-    assert json.loads((out / "medray_tiny.json").read_text())["kind"] == "tiny-vlm"
-    return out
 
 
 def _eval(engine: str, data: Path, out: Path) -> list[dict]:
@@ -67,13 +27,13 @@ def _eval(engine: str, data: Path, out: Path) -> list[dict]:
 
 
 def test_tiny_vlm_answers_image_items_alike_on_hf_and_vllm(ray_session, tiny_vlm, vlm_data,
-                                                           tmp_path):
-    n_images = {"IT0001": 0, "IT0002": 1, "IT0003": 0, "IT0004": 2, "IT0005": 0, "IT0006": 1}
-    runs = {"hf": tmp_path / "hf", "vllm": tmp_path / "vllm"}
+                                                           tiny_vlm_vllm_run, tmp_path):
+    runs = {"hf": tmp_path / "hf", "vllm": tiny_vlm_vllm_run}
     answers = {}
     for kind, run in runs.items():
-        rows = _eval(f"{kind}:{tiny_vlm}", vlm_data, run)
-        assert {r["id"]: r["n_images_sent"] for r in rows} == n_images, kind
+        rows = _eval(f"{kind}:{tiny_vlm}", vlm_data, run) if kind == "hf" else [
+            json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+        assert {r["id"]: r["n_images_sent"] for r in rows} == VLM_IMAGES, kind
         # hf strips its decoded text, vLLM keeps a leading space: the same tokens
         answers[kind] = {r["id"]: (r["raw_output"].strip(), r["prediction"]) for r in rows}
         metrics = json.loads((run / "metrics.json").read_text())

@@ -1,14 +1,24 @@
 """Image files referenced by multiple-choice items: confined to the input folder, real images.
 
 Checked when a dataset is prepared and again by every engine before it reads a file, so a
-link such as `../../etc/passwd` or an absolute path never ends up in a request.
+link such as `../../etc/passwd` or an absolute path never ends up in a request. Images that
+arrive over HTTP as data URLs (Serve's /v1/mcq and chat routes) get the same checks, and a
+full decode.
 """
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
 MAX_IMAGE_BYTES = 20 * 1024 * 1024
+# Pixels an image sent over HTTP may decode to (a small PNG can unpack to gigabytes).
+MAX_IMAGE_PIXELS = 40_000_000
+# The only image references the HTTP routes take: the image itself, never a URL to fetch.
+DATA_URL = re.compile(r"^data:(image/(?:png|jpeg|gif|webp));base64,")
 # Magic bytes -> media type (the formats the chat APIs accept).
 _MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"),
           (b"GIF87a", "image/gif"), (b"GIF89a", "image/gif"))
@@ -16,6 +26,10 @@ _MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"),
 
 class ImageError(ValueError):
     """An image path that escapes its root, is missing, too large or not an image."""
+
+
+class ImageTooLarge(ImageError):
+    """An image over the size cap (bytes, or pixels once decoded)."""
 
 
 def media_type(head: bytes) -> str | None:
@@ -27,11 +41,11 @@ def media_type(head: bytes) -> str | None:
     return None
 
 
-def check_image_bytes(data: bytes) -> str:
+def check_image_bytes(data: bytes, max_bytes: int = MAX_IMAGE_BYTES) -> str:
     """The media type of an image given as bytes (an image embedded in a Parquet table);
-    ImageError when it is over MAX_IMAGE_BYTES or not PNG/JPEG/GIF/WebP by its magic bytes."""
-    if len(data) > MAX_IMAGE_BYTES:
-        raise ImageError(f"image is {len(data)} bytes; at most {MAX_IMAGE_BYTES}")
+    ImageError when it is over `max_bytes` or not PNG/JPEG/GIF/WebP by its magic bytes."""
+    if len(data) > max_bytes:
+        raise ImageTooLarge(f"image is {len(data)} bytes; at most {max_bytes}")
     media = media_type(data[:16])
     if media is None:
         raise ImageError("image is not a PNG, JPEG, GIF or WebP file")
@@ -66,3 +80,55 @@ def confined_image(link: str | Path, root: str | Path, base: str | Path | None =
     if media_type(head) is None:
         raise ImageError(f"image {str(link)!r} is not a PNG, JPEG, GIF or WebP file")
     return path
+
+
+def confined_images(paths: Sequence[str], root: str | None) -> list[Path]:
+    """An item's image paths, each checked by `confined_image` (inside `root`; with no root,
+    inside its own folder)."""
+    return [confined_image(Path(p).name if root is None else p,
+                           Path(p).parent if root is None else root) for p in paths]
+
+
+def decode_data_url(url: str, max_bytes: int = MAX_IMAGE_BYTES) -> bytes:
+    """The image in a data URL, checked as an image file is (type by magic bytes matching
+    the declared type, at most `max_bytes`) and decoded once in full (at most
+    MAX_IMAGE_PIXELS); ImageError (ImageTooLarge for the caps) otherwise."""
+    match = DATA_URL.match(url)
+    if match is None:
+        raise ImageError("not a data URL of a PNG, JPEG, GIF or WebP image "
+                         "(data:image/png;base64,...); remote URLs are not fetched")
+    encoded = url[match.end():]
+    if len(encoded) // 4 * 3 > max_bytes + 2:  # before decoding: no large allocation
+        raise ImageTooLarge(f"image is about {len(encoded) // 4 * 3} bytes; at most {max_bytes}")
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except (binascii.Error, ValueError):
+        raise ImageError("not valid base64") from None
+    media = check_image_bytes(data, max_bytes)
+    if media != match.group(1):
+        raise ImageError(f"declared {match.group(1)} but the bytes are {media}")
+    _check_decodes(data)
+    return data
+
+
+def _check_decodes(data: bytes) -> None:
+    import io
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                width, height = img.size
+                if width * height > MAX_IMAGE_PIXELS:
+                    raise ImageTooLarge(f"image is {width}x{height} pixels; at most "
+                                        f"{MAX_IMAGE_PIXELS} pixels")
+                img.load()
+    except ImageError:
+        raise
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+        raise ImageTooLarge(f"image decodes to more than {MAX_IMAGE_PIXELS} pixels") from None
+    except Exception as exc:  # noqa: BLE001 -- PIL raises many types for broken files
+        raise ImageError(f"image does not decode ({type(exc).__name__})") from None

@@ -54,10 +54,9 @@ def image_b64(path: str, root: str | None = None) -> tuple[str, str]:
     """(media type, base64 data) of an image file, re-checked before it is read: inside
     `root` (default: the link's own folder, so a symlink cannot lead elsewhere), a real
     image, under the size cap (medray.data.images)."""
-    from medray.data.images import confined_image, media_type
+    from medray.data.images import confined_images, media_type
 
-    real = confined_image(Path(path).name if root is None else path,
-                          Path(path).parent if root is None else root)
+    real = confined_images([path], root)[0]
     data = real.read_bytes()
     media = media_type(data[:16]) or mimetypes.guess_type(path)[0] or "image/png"
     return media, base64.b64encode(data).decode("ascii")

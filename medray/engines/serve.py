@@ -5,7 +5,9 @@ application's name; medray/engines/serve_handle.py), which skips the HTTP proxy.
 `generate` and `score_options` use the OpenAI-compatible /v1/completions route (log-probs
 of generated tokens; prompt log-probs for option scoring; HTTP only); `qa` and `mcq` call
 the QA routes, where the long-context strategy runs server-side with the training prompt
-code; `models` reads /v1/models (each served name's prompt).
+code; `models` reads /v1/models (each served name's prompt and whether it takes images).
+`mcq` sends an item's images as data URLs; whether the served model takes them is its
+/v1/models card's `images` (`served_card`).
 """
 
 from __future__ import annotations
@@ -77,6 +79,11 @@ class ServeEngine:
     def _model_field(self) -> str:
         return f"{self.model}:{self.adapter}" if self.adapter else self.model
 
+    @property
+    def supports_images(self) -> bool:
+        """The served model is a vision-language model (its /v1/models card says so)."""
+        return bool((served_card(self.models(), self.model, self.adapter) or {}).get("images"))
+
     # ------------------------------------------------------------------ Engine protocol
     def generate(
         self, prompts: Sequence[str], *, max_new_tokens: int, temperature: float = 0.0
@@ -139,6 +146,8 @@ class ServeEngine:
             "adapter": self.adapter}
         if dataset_spec(item["dataset"]).id_prefix:
             payload["question_id"] = question_id(item)
+        if item.get("images"):
+            payload["images"] = image_urls(item)
         if max_new_tokens is not None:
             payload["max_new_tokens"] = max_new_tokens
         return self._post("/v1/mcq", payload)
@@ -158,3 +167,20 @@ class ServeEngine:
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
+
+
+def served_card(models: dict[str, Any], name: str, adapter: str | None = None) -> dict | None:
+    """The /v1/models card (a body of that route) of served `name` (with `adapter`: the
+    adapter's card, named "NAME:ADAPTER" or just "ADAPTER")."""
+    wanted = {f"{name}:{adapter}", adapter} if adapter else {name}
+    return next((c for c in models.get("data", []) if c.get("id") in wanted), None)
+
+
+def image_urls(item: dict[str, Any]) -> list[str]:
+    """A prepared item's images as data URLs, each re-checked before it is read (inside the
+    item's image root, a real image, under the size cap)."""
+    from medray.engines.api import image_b64
+    from medray.prompts.text import meta_dict
+
+    root = meta_dict(item.get("meta")).get("image_root")
+    return ["data:{};base64,{}".format(*image_b64(path, root)) for path in item["images"]]

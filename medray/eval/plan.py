@@ -121,7 +121,7 @@ def plan_eval(cfg: EvalConfig, *, engine: Any = None, dry_run: bool = False) -> 
     if data.kind == "mcq" and spec.kind != "baseline":
         plan.shots = shot_sets(data.examples, list(items["kind"]), shots, cfg.seed)
         images_ok = (getattr(engine, "supports_images", False) if engine is not None
-                     else spec.entry.images or _local_vision_model(spec))
+                     else spec.entry.images or _vision_model(cfg, dry_run))
         if not images_ok:
             plan.skipped_images = [str(i) for i, im in zip(items["id"], items["images"],
                                                            strict=True) if len(im)]
@@ -160,8 +160,15 @@ def plain_row(row: dict[str, Any]) -> dict[str, Any]:
     return {k: conv(v) for k, v in row.items()}
 
 
-def _local_vision_model(spec: Any) -> bool:
-    """A vllm/hf engine on a vision-language model: it is asked the image items too."""
+def _vision_model(cfg: EvalConfig, dry_run: bool) -> bool:
+    """A vllm/hf engine on a vision-language model, or an endpoint serving one (its
+    /v1/models card; a dry run asks no endpoint): it is asked the image items too."""
+    spec = cfg.engine
+    if spec.kind == "serve":
+        from medray.eval.prompting import serve_api_key, served_model
+
+        card = None if dry_run else served_model(spec, serve_api_key(cfg))
+        return bool(card and card.get("images"))
     from medray.models.vision import is_vision_model
 
     return spec.kind in ("vllm", "hf") and is_vision_model(spec.model)

@@ -166,8 +166,11 @@ class Predictor:
         res = self.engine.mcq(ex, self.shots.get(str(ex["kind"]), ()),
                               max_new_tokens=self.max_new_tokens)
         text, _, _ = mcq.read_answer(res["raw"], ex)  # the route read it the same way
+        # The engine sends every image of the item (image items reach it only when the
+        # served model takes images: medray.eval.plan).
         return self._row(ex, text, raw_output=res["raw"], conforming=res["conforming"],
-                         labels=list(res["answer"]), **self._mcq_fields(ex))
+                         labels=list(res["answer"]),
+                         **self._mcq_fields(ex, len(ex.get("images") or ())))
 
     def _mcq(self, items: list[dict]) -> list[dict[str, Any]]:
         is_api = hasattr(self.engine, "chat")

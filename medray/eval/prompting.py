@@ -27,27 +27,35 @@ def _local_spec(path: str | None) -> PromptSpec | None:
 
 def served_prompt(engine: EngineSpec, api_key: str | None = None) -> PromptSpec | None:
     """The PromptSpec a medray endpoint reports for the evaluated model (None if it reports
-    none); read in-cluster when `engine.app` is set, else over HTTP."""
+    none)."""
+    card = served_model(engine, api_key)
+    return PromptSpec.model_validate(card["prompt"]) if card and card.get("prompt") else None
+
+
+def served_model(engine: EngineSpec, api_key: str | None = None) -> dict | None:
+    """The endpoint's /v1/models card of the evaluated name (None if it lists none); read
+    in-cluster when `engine.app` is set, else over HTTP."""
     import httpx
 
     from medray.engines.registry import build_engine
-    from medray.engines.serve import ServeError
+    from medray.engines.serve import ServeError, served_card
 
-    name = engine.model or "medray"
-    wanted = {f"{name}:{engine.adapter}", engine.adapter} if engine.adapter else {name}
     where = f"Serve app {engine.app!r}" if engine.app else f"{(engine.url or '').rstrip('/')}"
     client = build_engine(engine, api_key=api_key)  # EngineSpecError: app not callable
     try:
-        cards = client.models().get("data", [])
+        models = client.models()
     except (httpx.HTTPError, ServeError) as err:
-        raise ValueError(f"{where}/v1/models: cannot read the served model's prompt "
+        raise ValueError(f"{where}/v1/models: cannot read the served model's card "
                          f"({err})") from None
     finally:
         client.close()
-    for card in cards:
-        if card.get("id") in wanted and card.get("prompt"):
-            return PromptSpec.model_validate(card["prompt"])
-    return None
+    return served_card(models, engine.model or "medray", engine.adapter)
+
+
+def serve_api_key(cfg: EvalConfig) -> str | None:
+    """The key a serve engine's config names (its api_key_env), if set here."""
+    key_env = cfg.engine.engine_kwargs().get("api_key_env")
+    return os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env else None
 
 
 def recorded_prompt(engine: EngineSpec, api_key: str | None = None) -> tuple[Any, str]:
@@ -76,9 +84,7 @@ def with_resolved_prompt(cfg: EvalConfig) -> EvalConfig:
     the endpoint's card), so every actor uses exactly it. Baselines read no prompt."""
     if cfg.engine.kind == "baseline":
         return cfg
-    key_env = cfg.engine.engine_kwargs().get("api_key_env")
-    api_key = os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env else None
-    spec = resolve_eval_prompt(cfg, api_key)
+    spec = resolve_eval_prompt(cfg, serve_api_key(cfg))
     if cfg.engine.kind in ("vllm", "hf") and spec.chat_template == "auto":
         from medray.models import load_tokenizer
 

@@ -93,12 +93,10 @@ def load_images(paths: Sequence[str], root: str | None) -> list[Any]:
     `root`, a real image, under the size cap: medray.data.images)."""
     from PIL import Image
 
-    from medray.data.images import confined_image
+    from medray.data.images import confined_images
 
     images = []
-    for path in paths:
-        real = confined_image(Path(path).name if root is None else path,
-                              Path(path).parent if root is None else root)
+    for real in confined_images(paths, root):
         with Image.open(real) as img:
             images.append(img.convert("RGB"))
     return images

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-import time
 from collections import Counter
 from typing import Any
 
@@ -33,6 +32,8 @@ from medray.engines.base import Generation
 from medray.prompts.spec import PromptSpec
 from medray.serve.config import AppConfig
 from medray.serve.errors import APIError, context_error, from_validation, install_error_handlers
+from medray.serve.health import Readiness
+from medray.serve.images import chat_generation, check_images, image_chat_request
 from medray.serve.incluster import InClusterCalls, Payload
 from medray.serve.limits import chars_per_token, check_chars, check_openai_window, read_json
 from medray.serve.llm import wants_prompt_logprobs
@@ -65,7 +66,7 @@ def _bearer(request: Request) -> bytes:
 
 @serve.deployment(max_ongoing_requests=64)
 @serve.ingress(app)
-class QAIngress(InClusterCalls):  # `call`: the routes for callers in the cluster
+class QAIngress(InClusterCalls, Readiness):  # `call`: the routes for callers in the cluster
     def __init__(self, llms: dict[str, DeploymentHandle], config: dict[str, Any]) -> None:
         self.cfg = AppConfig.model_validate(config)
         keys = self.cfg.api_keys()
@@ -78,6 +79,7 @@ class QAIngress(InClusterCalls):  # `call`: the routes for callers in the cluste
         self.llms = {name: h.options(stream=True) for name, h in llms.items()}
         self._lora_handles: dict[str, DeploymentHandle] = {}
         self._tokenizers: dict[str, Any] = {}
+        self._image_tokens: dict[str, str | None] = {}  # None: a text-only model
         self._prompts: dict[str, PromptSpec] = {}
         self.tokenizer = self._tokenizer(self.cfg.model)
         # The request models with this deployment's limits: what the routes validate with
@@ -93,11 +95,25 @@ class QAIngress(InClusterCalls):  # `call`: the routes for callers in the cluste
 
     # ------------------------------------------------------------------ plumbing
     def _tokenizer(self, source: str) -> Any:
+        """The model's tokenizer; a vision-language model's as its processor gives it (with
+        the processor's chat template), as the offline vLLM engine reads it."""
         if source not in self._tokenizers:
-            from transformers import AutoTokenizer
+            from medray.models.vision import image_token, is_vision_model, load_processor
 
-            self._tokenizers[source] = AutoTokenizer.from_pretrained(source)
+            if is_vision_model(source):
+                processor = load_processor(source)
+                tok, self._image_tokens[source] = processor.tokenizer, image_token(processor)
+            else:
+                from transformers import AutoTokenizer
+
+                tok, self._image_tokens[source] = AutoTokenizer.from_pretrained(source), None
+            self._tokenizers[source] = tok
         return self._tokenizers[source]
+
+    def _check_images(self, target: Target, urls: list[tuple[str, str]], status: int) -> None:
+        self._tokenizer(target.source)
+        check_images(urls, target.model, self._image_tokens[target.source] is not None,
+                     self.cfg.max_image_bytes, status)
 
     def _prompt_of(self, name: str) -> PromptSpec:
         """How served `name` is prompted: as trained (its folder's prompt.json) unless the
@@ -197,49 +213,6 @@ class QAIngress(InClusterCalls):  # `call`: the routes for callers in the cluste
             g.prompt_tokens = len(p)
         return gens
 
-    # ------------------------------------------------------------------ health
-    async def _ready(self) -> tuple[bool, str]:
-        """Every LLM deployment has a RUNNING replica and answers a 1-token request;
-        a success is cached for ready_cache_s so probes cost the engine almost nothing (a
-        failure is not: the next probe may already see the replica that just started)."""
-        async with self._ready_lock:
-            at, ok, detail = self._ready_cache
-            if ok and time.monotonic() - at < self.cfg.ready_cache_s:
-                return ok, detail
-            ok, detail = await self._probe()
-            self._ready_cache = (time.monotonic(), ok, detail)
-            self._was_ready |= ok
-            return ok, detail
-
-    async def _probe(self) -> tuple[bool, str]:
-        from ray.serve.llm.openai_api_models import CompletionRequest
-
-        try:
-            status = await asyncio.to_thread(serve.status)
-        except Exception as exc:  # noqa: BLE001
-            return False, f"Serve status unavailable ({type(exc).__name__})"
-        token = self.tokenizer.bos_token_id or self.tokenizer.eos_token_id or 0
-        for name, handle in self.llms.items():
-            app_status = status.applications.get(handle.app_name)
-            dep = app_status.deployments.get(handle.deployment_name) if app_status else None
-            running = (dep.replica_states.get("RUNNING", 0) if dep else 0)
-            if not running:
-                return False, f"{name}: no running LLM replica"
-            req = CompletionRequest(model=name, prompt=[token], max_tokens=1)
-            try:
-                await asyncio.wait_for(self._call(Target(handle, name, "", name, None),
-                                                  "completions", req), timeout=30)
-            except (TimeoutError, APIError) as exc:
-                return False, f"{name}: {getattr(exc, 'message', 'timed out')}"
-        return True, "ok"
-
-    async def check_health(self) -> None:
-        """Serve's own health check: readiness, once the app has been ready (a replica that
-        is still starting its LLM is not restarted for it)."""
-        ok, detail = await self._ready()
-        if not ok and self._was_ready:
-            raise RuntimeError(f"not ready: {detail}")
-
     # ------------------------------------------------------------------ routes
     @route.get("/healthz", response_model=Health, public=True)
     async def healthz(self) -> Health:
@@ -265,7 +238,7 @@ class QAIngress(InClusterCalls):  # `call`: the routes for callers in the cluste
         cards += [ModelCard(id=name, root=p, max_model_len=window)
                   for name, p in cfg.models.items()]
         for card in cards:
-            card.prompt = self._prompt_of(card.id)
+            card.prompt, card.images = self._prompt_of(card.id), cfg.takes_images(card.id)
         return ModelList(data=cards)
 
     @route.get("/v1/stats", response_model=dict[str, int])
@@ -311,12 +284,12 @@ class QAIngress(InClusterCalls):  # `call`: the routes for callers in the cluste
     @route.post("/v1/mcq", response_model=MCQResponse, body="MCQRequest")
     async def mcq(self, request: Request) -> MCQResponse:
         from medray.eval.mcq import read_answer
-        from medray.prompts.text import protocol_budget, render
-        from medray.prompts.tokens import chat_prompt_ids
+        from medray.prompts.text import prompt_text, protocol_budget, render
 
         body: Any = await self._body(request, "MCQRequest")
         assert isinstance(body, MCQBase)
         target = self._target(body.model, body.adapter)
+        self._check_images(target, [(f"images.{i}", u) for i, u in enumerate(body.images)], 422)
         tokenizer = self._tokenizer(target.source)
         texts = [body.question, *(o.text for o in body.options)]  # type: ignore[attr-defined]
         texts += [t for s in body.shots for t in (s.question, *(o.text for o in s.options))]  # type: ignore[attr-defined]
@@ -329,16 +302,24 @@ class QAIngress(InClusterCalls):  # `call`: the routes for callers in the cluste
             # or a group shot whose answer is no group letter
             raise APIError(422, "invalid_request", f"shots: {err}", "shots") from None
         spec = self._prompt(target)
-        ids = chat_prompt_ids(tokenizer, prompt, spec)
+        # With images: their tokens where the chat template puts them (each image's own
+        # tokens are the processor's, counted by vLLM against the window).
+        text = prompt_text(prompt, tokenizer, spec, len(body.images),
+                           self._image_tokens[target.source] or "")
+        ids = tokenizer.encode(text, add_special_tokens=True)
         budget = spec.new_tokens(body.max_new_tokens, protocol_budget(item))
         if len(ids) + budget > self.cfg.max_model_len:
             raise context_error(self.cfg.max_model_len, len(ids), "options",
                                 "the rendered item", budget)
-        gen = (await self.generate_ids(target, [ids], budget))[0]
+        if body.images:
+            req = image_chat_request(target.vllm_model, text, body.images, budget)
+            gen = chat_generation(await self._call(target, "chat", req))
+        else:
+            gen = (await self.generate_ids(target, [ids], budget))[0]
         _, labels, conforming = read_answer(gen.text, item)
         self.counts["mcq"] += 1
         return MCQResponse(answer=list(labels), conforming=conforming, raw=gen.text,
-                           prompt_tokens=len(ids))
+                           prompt_tokens=gen.prompt_tokens)
 
     async def _openai(self, kind: str, request: Request) -> Any:
         from ray.serve.llm.openai_api_models import ChatCompletionRequest, CompletionRequest
@@ -346,6 +327,8 @@ class QAIngress(InClusterCalls):  # `call`: the routes for callers in the cluste
         name = "CompletionRequest" if kind == "completions" else "ChatCompletionRequest"
         body = await self._body(request, name, 400)
         target = self._target(body.model)
+        if kind == "chat":
+            self._check_images(target, body.image_urls(), 400)
         # Before the engine, so the answer names the limit (vLLM clamps max_tokens to the rest).
         check_openai_window(body, self._tokenizer(target.source), self.cfg.max_model_len)
         cls = CompletionRequest if kind == "completions" else ChatCompletionRequest

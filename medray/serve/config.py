@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from medray.config import ConfigError, Strict, load_yaml
+from medray.data.images import MAX_IMAGE_BYTES
 from medray.prompts.spec import (
     PromptOverride,
     PromptSpec,
@@ -118,6 +119,8 @@ class AppConfig(Strict):
     max_n: int = Field(8, ge=1)
     max_logprobs: int = Field(20, ge=0)  # vLLM's own default cap
     max_batch: int = Field(64, ge=1, description="prompts per completion, messages per chat")
+    # Each image sent to a vision-language model (/v1/mcq `images`, chat image parts).
+    max_image_bytes: int = Field(MAX_IMAGE_BYTES, ge=1024, le=MAX_IMAGE_BYTES)
     ready_cache_s: float = Field(5.0, ge=0)
 
     @model_validator(mode="before")
@@ -189,6 +192,14 @@ class AppConfig(Strict):
         out = {self.model_id: self.model, **self.models}
         out |= {f"{self.model_id}:{a}": p for a, p in self.adapters.items()}
         return out
+
+    def takes_images(self, name: str) -> bool:
+        """Whether served `name` is a vision-language model (its config has a vision tower:
+        medray.models.vision), so its prompts may carry images."""
+        from medray.models.vision import is_vision_model
+
+        # An adapter rides on the base: the base decides.
+        return is_vision_model(self.resolve(self.models.get(name, self.model)))
 
     def prompt_for(self, name: str, warn: Any = None) -> PromptSpec:
         """The PromptSpec of one served name: its folder's prompt.json (training's) with

@@ -21,12 +21,13 @@ log = logging.getLogger("medray.serve")
 # Documented on every route (OpenAPI `responses`).
 ERROR_STATUSES = {
     400: "bad request: malformed JSON, invalid text, an OpenAI route's body off its schema, "
-         "or a prompt over the model's context length (max_model_len in /v1/models; "
-         "/v1/qa: a question that alone does not fit context_tokens)",
+         "a prompt over the model's context length (max_model_len in /v1/models; "
+         "/v1/qa: a question that alone does not fit context_tokens), or an image for a "
+         "text-only model",
     401: "missing or invalid API key",
     404: "unknown model, adapter or route",
-    413: "a field or the body is over its size limit",
-    422: "the body does not match the route's schema",
+    413: "a field, an image or the body is over its size limit",
+    422: "the body does not match the route's schema, or an image in it is no image",
     429: "too many requests in flight",
     503: "no LLM replica is ready",
 }

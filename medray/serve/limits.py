@@ -79,7 +79,8 @@ def chat_tokens(messages: list[Any], tokenizer: Any) -> int | None:
     for m in messages:
         content = m.content
         if isinstance(content, list):
-            content = "\n".join(part.text for part in content)
+            # text parts only: image tokens are the model's processor's to count
+            content = "\n".join(p.text for p in content if p.type == "text")
         conversation.append({"role": m.role, "content": content or ""})
     try:
         text = tokenizer.apply_chat_template(conversation, tokenize=False,

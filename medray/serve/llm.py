@@ -11,7 +11,8 @@ from typing import Any
 
 from ray.serve.llm import LLMServer
 
-from medray.engines.vllm import cpu_dtype, serve_cpu_env
+from medray.engines.vllm import MAX_IMAGES_PER_PROMPT, cpu_dtype, serve_cpu_env
+from medray.models.vision import is_vision_model
 from medray.serve.config import AppConfig
 from medray.serve.ray_internal import CallbackBase, disk_multiplex_config, engine_class_overridden
 from medray.serve.routing import count_prefix_cache, request_router_config
@@ -188,6 +189,13 @@ def llm_config(cfg: AppConfig, model_id: str, source: str, lora: bool) -> Any:
     from ray.serve.llm import LLMConfig, LoraConfig
 
     engine = {"max_model_len": cfg.max_model_len, **cfg.engine_kwargs}
+    if is_vision_model(source):
+        # vLLM sizes its memory for this many images per prompt; the ingress refuses more.
+        engine.setdefault("limit_mm_per_prompt", {"image": MAX_IMAGES_PER_PROMPT})
+        # /v1/mcq sends its own rendered prompt through a pass-through chat template
+        # (medray.serve.images); only the ingress reaches this deployment, and its chat
+        # schema takes no client template.
+        engine.setdefault("trust_request_chat_template", True)
     extra: dict[str, Any] = {}
     if lora:
         engine.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank,

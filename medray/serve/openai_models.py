@@ -13,7 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, create_model, model_validator
 
-from medray.serve.schemas import STRICT, Limits, ints, mcq_models, qa_model
+from medray.engines.vllm import MAX_IMAGES_PER_PROMPT
+from medray.serve.schemas import IMAGE_URL, STRICT, Limits, ints, mcq_models, qa_model
 
 INT64 = 2**63 - 1
 MAX_STOPS = 16
@@ -218,18 +219,38 @@ class ChatBase(OpenAIBase):
             raise ValueError("top_logprobs: only with logprobs true")
         if d.tools and self.tool_choice != "none":
             raise ValueError("tool_choice: required with tools ('none': no tool-call parser)")
+        if len(self.image_urls()) > MAX_IMAGES_PER_PROMPT:
+            raise ValueError(f"messages: {len(self.image_urls())} images; at most "
+                             f"{MAX_IMAGES_PER_PROMPT} per request")
         return self
+
+    def image_urls(self) -> list[tuple[str, str]]:
+        """(where, data URL) of every image part, in order."""
+        d: Any = self
+        return [(f"messages.{i}.content.{j}.image_url.url", p.image_url.url)
+                for i, m in enumerate(d.messages) if isinstance(m.content, list)
+                for j, p in enumerate(m.content) if p.type == "image_url"]
 
 
 def chat_model(lim: Limits) -> type[BaseModel]:
     content = Annotated[str, Field(max_length=lim.context_chars)]
     part = create_model("TextPart", __config__=STRICT, type=(Literal["text"], ...),
                         text=(content, ...))
+    url = create_model("ImageURL", __config__=STRICT, url=(IMAGE_URL, ...),
+                       detail=(Literal["auto", "low", "high"] | None, None))
+    image = create_model("ImagePart", __config__=STRICT, __doc__=(
+        "An image for a vision-language model (user messages only; at most "
+        f"{MAX_IMAGES_PER_PROMPT} in all)."), type=(Literal["image_url"], ...),
+        image_url=(url, ...))
     parts = Annotated[list[part], Field(min_length=1, max_length=lim.max_batch)]  # type: ignore
+    # Image parts only where a served model takes images (the document says so too).
+    user_parts = Annotated[list[Annotated[part | image, Field(discriminator="type")]],  # type: ignore
+                           Field(min_length=1, max_length=lim.max_batch)] if lim.images else parts
     name = (str | None, Field(None, max_length=64))
     messages = [
         create_model(f"{role.title()}Message", __config__=STRICT, role=(Literal[role], ...),
-                     content=(content | parts | (None if role == "assistant" else content),
+                     content=(content | (user_parts if role == "user" else parts)
+                              | (None if role == "assistant" else content),
                               None if role == "assistant" else ...), name=name)
         for role in ("system", "developer", "user", "assistant")]
     message = Annotated[messages[0] | messages[1] | messages[2] | messages[3],  # type: ignore

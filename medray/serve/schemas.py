@@ -22,6 +22,8 @@ from pydantic import (
     model_validator,
 )
 
+from medray.data.images import DATA_URL
+from medray.engines.vllm import MAX_IMAGES_PER_PROMPT
 from medray.prompts.spec import PromptSpec
 
 # A string that holds text: at least one character that is neither whitespace nor a control
@@ -34,6 +36,11 @@ LABELS: tuple[str, ...] = (*string.ascii_uppercase, *string.ascii_lowercase,
 MAX_OPTIONS = 10
 STRICT = ConfigDict(extra="forbid", strict=True)
 MCQ_MAX_NEW_TOKENS = 64  # a protocol's reply is a question id and a few letters
+# An image in a request: a data URL (the server fetches nothing); its bytes are checked
+# after the schema (medray.data.images.decode_data_url).
+IMAGE_URL = Annotated[str, Field(pattern=DATA_URL.pattern, description=(
+    "a PNG, JPEG, GIF or WebP image as a data URL (data:image/png;base64,...), at most "
+    "max_image_bytes once decoded; remote URLs are refused"))]
 
 
 def _json_integer(value: Any) -> Any:
@@ -59,14 +66,17 @@ class Limits:
     max_batch: int = 64
     max_token_id: int = 2**31 - 1
     lora: bool = False  # LoRA adapters served: prompt log-probs one sequence at a time
+    images: int = 0  # images per request; 0 when no served model takes images
 
     @classmethod
     def of(cls, cfg: Any, max_token_id: int) -> Limits:
+        vision = any(cfg.takes_images(name) for name in (cfg.model_id, *cfg.models))
         return cls(text_chars=cfg.max_text_chars, context_chars=cfg.max_context_chars,
                    context_tokens=cfg.context_limit,
                    max_model_len=cfg.max_model_len, max_n=cfg.max_n,
                    max_logprobs=cfg.max_logprobs, max_batch=cfg.max_batch,
-                   max_token_id=max_token_id, lora=bool(cfg.adapters or cfg.lora_uri))
+                   max_token_id=max_token_id, lora=bool(cfg.adapters or cfg.lora_uri),
+                   images=MAX_IMAGES_PER_PROMPT if vision else 0)
 
 
 def prompt_field(name: str, high: int | None = None) -> Any:
@@ -189,15 +199,37 @@ def mcq_models(lim: Limits) -> type[BaseModel]:
         question=(str, text(lim.text_chars)), options=options,
         answer=(list[Literal[LABELS]], Field(min_length=1, max_length=MAX_OPTIONS)))  # type: ignore
     datasets = tuple(n for n, spec in DATASETS.items() if spec.kind == "mcq")
+    validators = {"distinct": field_validator("options")(_check_distinct)}
+    if not lim.images:
+        validators["no_images"] = field_validator("images")(no_images)
     return create_model(
-        "MCQRequest", __base__=MCQBase,
-        __validators__={"distinct": field_validator("options")(_check_distinct)},
+        "MCQRequest", __base__=MCQBase, __validators__=validators,  # type: ignore[arg-type]
         question=(str, text(lim.text_chars)), options=options,
         dataset=(Literal[datasets], Field(DEFAULT_DATASET, description=(  # type: ignore
             "whose prompt and answer format the item gets (medray.data.registry)"))),
         shots=(list[shot], Field(default_factory=list, max_length=max(  # type: ignore
             k for spec in DATASETS.values() for k in spec.shots))),
+        images=(list[IMAGE_URL], images_field(lim.images, "the item's images, shown before "  # type: ignore
+                                              "the question as the model's chat template "
+                                              "places them")),
     )
+
+
+def images_field(most: int, what: str) -> Any:
+    """A list of at most `most` images; a deployment with no vision-language model states
+    (maxItems 0) and says (a validator's message) that it takes none."""
+    if most:
+        return Field(default_factory=list, max_length=most, description=(
+            f"{what}; at most {most}, only for a model whose /v1/models card says `images: "
+            "true` (else a 400)"))
+    return Field(default_factory=list, json_schema_extra={"maxItems": 0},
+                 description="no served model takes images (none is a vision-language model)")
+
+
+def no_images(value: list[Any]) -> list[Any]:
+    if value:
+        raise ValueError("no served model takes images (none is a vision-language model)")
+    return value
 
 
 class MCQBase(BaseModel):
@@ -262,6 +294,9 @@ class ModelCard(BaseModel):
         "context window in tokens: prompt plus generated tokens (a longer prompt is a 400)"))
     prompt: PromptSpec | None = Field(
         None, description="how /v1/qa prompts it: as trained unless the config overrides")
+    images: bool = Field(False, description=(
+        "a vision-language model: /v1/mcq `images` and chat image parts reach it (else "
+        "they are a 400)"))
 
 
 class ModelList(BaseModel):
