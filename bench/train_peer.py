@@ -198,7 +198,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8,
                     help="reference steps and medray pack examples per budget (the first "
                          "train examples by id)")
-    ap.add_argument("--patients", type=int, default=4,
+    ap.add_argument("--patients", type=int, default=5,
                     help="train patients; prefix batching trains all their questions")
     ap.add_argument("--warm-up", type=int, default=2, help="first steps left out of the window")
     args = ap.parse_args()
