@@ -232,6 +232,7 @@ def main() -> int:
     os.environ.update(VLLM_ENV)  # both tools (Ray's actors inherit this environment)
     work = Path(args.work or tempfile.mkdtemp(prefix="medray-eval-peer-"))
     work.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("HF_DATASETS_CACHE", str(work / "hf-datasets"))  # lm-eval's docs
     model = smollm2_checkpoint(args.model, work / "smollm2")
     runs = Path(tempfile.mkdtemp(prefix="run-", dir=work))
     data = synth_data(runs)
