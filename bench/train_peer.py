@@ -43,7 +43,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _lm_eval_task import smollm2_checkpoint  # noqa: E402
+from _lm_eval_task import OFFLINE, smollm2_checkpoint  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
 TARGET_RATIO, TARGET_BUDGET = 2.0, 1024
@@ -202,7 +202,7 @@ def main() -> None:
                     help="train patients; prefix batching trains all their questions")
     ap.add_argument("--warm-up", type=int, default=2, help="first steps left out of the window")
     args = ap.parse_args()
-    for key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    for key in OFFLINE:
         os.environ.setdefault(key, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     work = Path(args.work or tempfile.mkdtemp(prefix="medray-train-peer-"))
