@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,13 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 SHARED = Path(os.environ.get("MEDRAY_SHARED_DATA", ROOT.parent / "shared" / "data"))
 DATASETS = ("europemedqa", "robiology")
 
-
-def medray_cli(*args: str) -> None:
-    """`medray ARGS` in a child process (the same interpreter), quiet unless it fails."""
-    proc = subprocess.run([sys.executable, "-m", "medray", *args], capture_output=True,
-                          text=True)
-    if proc.returncode:
-        raise RuntimeError(f"medray {shlex.join(args)} failed:\n{proc.stdout}{proc.stderr}")
+from _lm_eval_task import OFFLINE, medray_cli, smollm2_checkpoint, write_task  # noqa: E402
 
 
 def prepare(dataset: str, work: Path, scale: str | None = None) -> Path:
@@ -113,21 +106,13 @@ def medray_requests(items: list[dict]) -> list[dict]:
     return docs
 
 
-def write_task(folder: Path, name: str, docs: list[dict]) -> str:
-    task = f"medray_parity_{name}"
-    data = folder / f"{name}.jsonl"
-    data.write_text("".join(json.dumps(d, ensure_ascii=False) + "\n" for d in docs))
-    (folder / f"{task}.yaml").write_text(json.dumps({  # JSON is YAML
-        "task": task, "dataset_path": "json",
-        "dataset_kwargs": {"data_files": {"test": str(data)}},
-        "test_split": "test", "output_type": "multiple_choice",
-        "doc_to_text": "query", "doc_to_choice": "choices", "doc_to_target": "gold",
-        "target_delimiter": "",
-        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-                        {"metric": "acc_norm", "aggregation": "mean",
-                         "higher_is_better": True}],
-        "metadata": {"version": 1.0}}, indent=1))
-    return task
+def write_mcq_task(folder: Path, name: str, docs: list[dict]) -> str:
+    return write_task(
+        folder, f"medray_parity_{name}", docs, output_type="multiple_choice",
+        doc_to_text="query", doc_to_choice="choices", doc_to_target="gold",
+        target_delimiter="",
+        metric_list=[{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                     {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}])
 
 
 def run_medray(engine_spec: str, items: dict[str, list[dict]]) -> dict:
@@ -235,26 +220,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-results", action="store_true",
                     help="do not write docs/results/lm_eval_parity.json")
     args = ap.parse_args(argv)
-    for key in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+    for key in OFFLINE:
         os.environ.setdefault(key, "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
     work = Path(tempfile.mkdtemp(prefix="medray-lm-eval-parity-"))
     os.environ.setdefault("HF_DATASETS_CACHE", str(work / "hf-datasets"))
-    model = args.model
-    if model is None:
-        t0 = time.perf_counter()
-        model = str(work / "smollm2")
-        medray_cli("model", "smollm2", "--out", model)
-        print(f"imported SmolLM2-135M-Instruct to {model} in "
-              f"{time.perf_counter() - t0:.0f} s", flush=True)
+    model = smollm2_checkpoint(args.model, work / "smollm2")
     names = [d for d in args.datasets.split(",") if d]
     items = {name: single_items(prepare(name, work, args.robiology_scale), args.n)
              for name in names}
     docs = {name: medray_requests(exs) for name, exs in items.items()}
     task_dir = work / "tasks"
     task_dir.mkdir()
-    tasks = {name: write_task(task_dir, name, docs[name]) for name in names}
+    tasks = {name: write_mcq_task(task_dir, name, docs[name]) for name in names}
 
     engine_spec = f"{args.engine}:{model}"
     ours = run_medray(engine_spec, items)

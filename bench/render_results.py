@@ -33,7 +33,8 @@ REQUIRED = ("bench", "command", "commit", "date", "machine", "results")
 # Sections in reading order: what a user runs first, then the parts' own costs.
 ORDER = ("demo", "demo_smollm2", "mcq_finetune", "mcq_finetune_smollm2", "score_speed",
          "prepare_scale", "train_throughput", "prefix_reuse", "eval_throughput", "cpu_threads",
-         "lm_eval_parity", "serve_load", "serve_memory", "gpu_check")
+         "train_peer", "eval_peer", "lm_eval_parity", "serve_load", "serve_memory",
+         "gpu_check")
 TITLES = {"demo": "The demo", "demo_smollm2": "The demo on a real model (SmolLM2)",
           "mcq_finetune": "Multiple-choice fine-tuning",
           "mcq_finetune_smollm2": "Multiple-choice fine-tuning on a real model (SmolLM2)",
@@ -41,6 +42,8 @@ TITLES = {"demo": "The demo", "demo_smollm2": "The demo on a real model (SmolLM2
           "train_throughput": "Training input", "prefix_reuse": "Prefix reuse",
           "eval_throughput": "Evaluation path", "cpu_threads": "A real model on CPU threads",
           "lm_eval_parity": "Option log-likelihood vs lm-evaluation-harness",
+          "train_peer": "Training vs the reference recipe (Trainer + PEFT)",
+          "eval_peer": "Evaluation vs lm-evaluation-harness (vLLM)",
           "serve_load": "Serving load",
           "serve_memory": "Serving memory",
           "gpu_check": "GPU training step"}

@@ -36,6 +36,23 @@ MIN_SHARED_PREFIX = 32
 Row = dict[str, list[int]]
 
 
+# A micro-batch's bookkeeping beside its tensors (model_inputs leaves it out):
+# num_tokens     non-padding tokens computed (a shared prefix once);
+# num_examples   examples in it;
+# example_tokens the examples' tokens as each would be alone (a shared prefix per example);
+# target_tokens  tokens with a loss target.
+BOOKKEEPING = ("num_tokens", "num_examples", "example_tokens", "target_tokens")
+# Training writes each count summed over an optimiser step as a TensorBoard scalar: with
+# the events' wall times, throughput over any window of steps, start-up left out.
+STEP_SCALARS = {"num_tokens": "train/tokens", "num_examples": "train/examples",
+                "example_tokens": "train/example_tokens", "target_tokens": "train/target_tokens"}
+
+
+def _counts(tokens: int, examples: int, alone: int, labels: Any) -> dict[str, int]:
+    return {"num_tokens": tokens, "num_examples": examples, "example_tokens": alone,
+            "target_tokens": int((labels != IGNORE_INDEX).sum())}
+
+
 def pad_batch(rows: Sequence[Row], pad_id: int) -> dict[str, Any]:
     """Right-pad to the longest row; padded labels are -100, attention mask 0."""
     import torch
@@ -50,7 +67,7 @@ def pad_batch(rows: Sequence[Row], pad_id: int) -> dict[str, Any]:
         labels[i, :n] = torch.tensor(r["labels"])
         mask[i, :n] = 1
     return {"input_ids": ids, "labels": labels, "attention_mask": mask,
-            "num_tokens": int(mask.sum())}
+            **_counts(int(mask.sum()), len(rows), int(mask.sum()), labels)}
 
 
 def pack_rows(rows: Sequence[Row], max_len: int) -> list[list[Row]]:
@@ -90,7 +107,8 @@ def packed_batch(bins: Sequence[Sequence[Row]], pad_id: int) -> dict[str, Any]:
         # itself and carries no loss.
         pos[i, at:] = torch.arange(width - at)
     real = sum(len(r["input_ids"]) for b in bins for r in b)
-    return {"input_ids": ids, "labels": labels, "position_ids": pos, "num_tokens": real}
+    return {"input_ids": ids, "labels": labels, "position_ids": pos,
+            **_counts(real, sum(len(b) for b in bins), real, labels)}
 
 
 class PrefixTree:
@@ -176,8 +194,10 @@ def prefix_batch(trees: Sequence[PrefixTree], pad_id: int) -> dict[str, Any]:
             at += n
         # padding attends to itself only (a row with nothing to attend to would be NaN)
         mask[i, 0, at:, at:] = torch.eye(width - at, dtype=torch.bool)
+    alone = sum(len(t.prefix_ids) + len(tail["input_ids"]) for t in trees for tail in t.tails)
     return {"input_ids": ids, "labels": labels, "position_ids": pos, "attention_mask": mask,
-            "num_tokens": sum(len(t) for t in trees)}
+            **_counts(sum(len(t) for t in trees), sum(len(t.tails) for t in trees), alone,
+                      labels)}
 
 
 def micro_batches(
@@ -235,5 +255,5 @@ def useful_tokens(batch: dict[str, Any]) -> int:
 
 
 def model_inputs(batch: dict[str, Any]) -> dict[str, Any]:
-    """The tensors the model's forward takes (drops bookkeeping such as num_tokens)."""
-    return {k: v for k, v in batch.items() if k != "num_tokens"}
+    """The tensors the model's forward takes (drops the BOOKKEEPING counts)."""
+    return {k: v for k, v in batch.items() if k not in BOOKKEEPING}

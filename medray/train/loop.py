@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from medray.train.checkpoints import load_state, save_checkpoint
-from medray.train.collate import micro_batches
+from medray.train.collate import STEP_SCALARS, micro_batches
 from medray.train.config import TrainConfig, deepspeed_config, peft_lora_config
 from medray.train.device import (
     all_reduce,
@@ -297,14 +297,14 @@ def train_epoch(run: WorkerRun) -> tuple[float, float, float, float]:
     t0 = time.perf_counter()
     skip = state["micro_in_epoch"]  # resuming mid-epoch: skip consumed micro-batches
     batches = synced(_epoch_batches(shard, cfg, run.pad_id, epoch), run.device)
+    counts: dict[str, int] = {}
     for i, batch in enumerate(batches):
         if i < skip:
             continue
         res = train_step(engine, batch, run.device)
         loss = float(res.loss)
-        loss_sum += loss
-        n_micro += 1
-        tokens += res.tokens
+        loss_sum, n_micro, tokens = loss_sum + loss, n_micro + 1, tokens + res.tokens
+        counts = {n: counts.get(n, 0) + batch[k] for k, n in STEP_SCALARS.items()}
         state["micro_in_epoch"] = i + 1
         if not res.boundary:
             continue
@@ -314,9 +314,10 @@ def train_epoch(run: WorkerRun) -> tuple[float, float, float, float]:
         tok_s = tokens * run.world / (time.perf_counter() - t0)
         run.bar.set_description(f"epoch {epoch + 1} loss {loss:.3f} lr {lr:.2e} "
                                 f"tok/s {tok_s:.0f}")
-        if run.writer:
-            run.writer.add_scalar("train/loss", loss, step)
-            run.writer.add_scalar("train/lr", lr, step)
+        if run.writer:  # and what the step trained (rank 0's micro-batches)
+            for name, value in {"train/loss": loss, "train/lr": lr, **counts}.items():
+                run.writer.add_scalar(name, value, step)
+        counts = {}
         _maybe_kill(cfg, run.rank, step)
         every, every_eval = cfg.checkpoint.every_steps, cfg.optim.eval_every_steps
         if every_eval and step % every_eval == 0 and step < total_steps:
