@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -76,18 +77,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> None:
+def _console(proc: subprocess.Popen) -> tuple[list[str], threading.Thread]:
+    """The command's console lines as they come (read on a thread, which ends with the
+    process's stdout)."""
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")),
+                              daemon=True)
+    reader.start()
+    return lines, reader
+
+
+def _wait_ready(url: str, proc: subprocess.Popen, console: list[str], timeout: float) -> None:
+    """Ready as the command says it is: its "serving ... at" line. /readyz answers 200 as
+    soon as the replicas do, a moment before `serve.run` returns to the command; a SIGTERM
+    in that moment is (rightly) an interrupted start."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            pytest.fail(f"medray serve exited {proc.returncode}: {proc.communicate()[0]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=5).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
+            time.sleep(1)  # the reader thread drains the pipe
+            pytest.fail(f"medray serve exited {proc.returncode}: {''.join(console)}")
+        if any(line.startswith("serving ") for line in console):
+            assert httpx.get(f"{url}/readyz", timeout=5).status_code == 200
+            return
         time.sleep(2)
-    pytest.fail(f"{url}/readyz not ready after {timeout} s")
+    pytest.fail(f"medray serve did not say it was serving after {timeout} s: "
+                f"{''.join(console)}")
 
 
 def test_medray_serve_stops_on_sigterm_without_stack_dumps(tiny_model, tmp_path):
@@ -114,7 +128,8 @@ def test_medray_serve_stops_on_sigterm_without_stack_dumps(tiny_model, tmp_path)
         text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc, timeout=420)
+        console, reader = _console(proc)
+        _wait_ready(url, proc, console, timeout=420)
         r = httpx.post(f"{url}/v1/completions", headers={"Authorization": "Bearer k-0123456789"},
                        json={"model": "medray", "prompt": "Pacienta", "max_tokens": 4,
                              "temperature": 0}, timeout=120)
@@ -122,11 +137,13 @@ def test_medray_serve_stops_on_sigterm_without_stack_dumps(tiny_model, tmp_path)
         _assert_vllm_in_process(psutil.Process(proc.pid), expected=1)
         session = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=180)
+        proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
+    reader.join(timeout=30)
+    out = "".join(console)
     assert proc.returncode == 0, out
     assert "stopping Serve" in out
     gone, alive = psutil.wait_procs(session, timeout=30)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import ray
 from ray.serve.llm.request_router import PrefixCacheAffinityRouter
 
 from medray.serve.config import AppConfig
@@ -73,8 +72,8 @@ class PromptPrefixRouter(PrefixCacheAffinityRouter):
         # would pick on a stale tree and pile onto the same "smallest" replica or split.
         queue = self._replica_queue_len_cache.get
         one = min(chosen, key=lambda r: queue(r.replica_id) or 0)
-        ray.get(self._tree_actor.insert.remote(key, one.replica_id.to_full_id_str(),
-                                               time.time()))
+        # awaited, not ray.get: the router's event loop routes every other request meanwhile
+        await self._tree_actor.insert.remote(key, one.replica_id.to_full_id_str(), time.time())
         return [[one]]
 
     def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
