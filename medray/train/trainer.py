@@ -171,7 +171,11 @@ def build_trainer(cfg: TrainConfig, output: Path, plan: RunPlan, datasets: dict[
                 num_to_keep=cfg.checkpoint.num_to_keep,
                 checkpoint_score_attribute=cfg.checkpoint.metric,
                 checkpoint_score_order=cfg.checkpoint.mode),
-            worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false"}},
+            # Two malloc arenas: with glibc's default (8 per core) a CPU worker training on
+            # rows of varying length keeps gigabytes of freed activation memory (measured on
+            # SmolLM2's 1,024-token rows), at the same step time.
+            worker_runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "false",
+                                             "MALLOC_ARENA_MAX": "2"}},
             callbacks=list(callbacks),
         ),
         datasets=datasets,
