@@ -102,8 +102,8 @@ def _run(engine, tok, calls, fmt: str, context_tokens: int) -> dict:
 
 
 def patient_calls(items: list[tuple], per_call: int) -> list[list[tuple]]:
-    """As EvalPlan.engine_calls cuts E+Q+A work: one patient's items per call (items are
-    in patient order), at most `per_call` each."""
+    """One patient's items per call (items are in patient order), at most `per_call` each:
+    the shape whose prefix reuse this bench measures."""
     calls = []
     for _, group in itertools.groupby(items, key=lambda item: item[1]):
         group = list(group)

@@ -206,6 +206,21 @@ def test_baselines_go_through_eval(ray_session, medqaro_prepared, tmp_path):
     assert 0 <= summary["metrics"]["medqaro"]["metrics"]["f1"]["mean"] < 0.5
 
 
+def test_patient_calls_pack_whole_patients_and_split_only_the_too_large():
+    from medray.eval.plan import patient_calls
+
+    sizes = {"a": 2, "b": 3, "c": 1, "d": 7, "e": 2, "f": 4}
+    rows = [{"context_id": cid, "n": n} for cid, k in sizes.items() for n in range(k)]
+    calls = patient_calls(rows, 5)
+    assert [[(r["context_id"], r["n"]) for r in c] for c in calls] == [
+        [("a", 0), ("a", 1), ("b", 0), ("b", 1), ("b", 2)],
+        [("c", 0)],
+        [("d", n) for n in range(5)],
+        [("d", 5), ("d", 6), ("e", 0), ("e", 1)],
+        [("f", n) for n in range(4)],
+    ]
+
+
 @pytest.mark.parametrize(("fmt", "kind"), [("eqa", "vllm"), ("qea", "vllm"), ("eqa", "hf")])
 def test_engine_calls_keep_a_patients_items_together(medqaro_prepared, tiny_model, fmt, kind):
     """Engines get a patient's questions together (vLLM with E+Q+A: one call per patient,
@@ -231,9 +246,10 @@ def test_engine_calls_keep_a_patients_items_together(medqaro_prepared, tiny_mode
     assert len(runs) == len(set(runs))
     assert runs == list(dict.fromkeys(r["context_id"] for r in shuffled))
     if (fmt, kind) == ("eqa", "vllm"):
-        assert all(len({r["context_id"] for r in call}) == 1 for call in calls)
+        # whole patients packed into calls: no patient split, fewer calls than patients
         assert all(len(call) <= PATIENT_CALL for call in calls)
-        assert len(calls) == len(runs)  # small data: one call per patient
+        assert len(runs) == len({(i, r["context_id"]) for i, c in enumerate(calls) for r in c})
+        assert len(calls) < len(runs)
     else:
         assert all(len(call) <= CALL for call in calls)
         assert sum(len(c) == CALL for c in calls) == len(rows) // CALL

@@ -20,7 +20,7 @@ from medray.prompts.spec import PromptSpec
 from medray.prompts.text import protocol_budget, shot_sets
 
 CALL = 16  # items per engine call
-PATIENT_CALL = 128  # at most this many of one patient's questions per call (E+Q+A)
+PATIENT_CALL = 128  # items per E+Q+A call: whole patients, packed up to this many
 
 
 @dataclass
@@ -54,10 +54,12 @@ class EvalPlan:
         """The pending items cut into engine calls, a patient's items next to each other
         (patients in order of first appearance, items in table order within one).
 
-        With the epicrisis first (E+Q+A) a patient's questions share it as a prompt prefix:
-        for vLLM, whose prefix cache then computes the epicrisis once for all of them, each
-        call holds one patient's items (up to PATIENT_CALL). Otherwise CALL items per call
-        (a crash loses at most one call's answers)."""
+        With the epicrisis first (E+Q+A) a patient's questions share it as a prompt prefix,
+        which vLLM's prefix cache computes once. For vLLM each call then holds whole
+        patients, packed up to PATIENT_CALL items (a patient with more is split): a bigger
+        batch keeps vLLM's scheduler full, where one small patient per call left it
+        waiting between calls. Otherwise CALL items per call (a crash loses at most one
+        call's answers)."""
         if not pending:
             return []
         if self.data.kind == "generative" and "context_id" in pending[0]:
@@ -66,13 +68,22 @@ class EvalPlan:
                 first.setdefault(row["context_id"], i)
             pending = sorted(pending, key=lambda row: first[row["context_id"]])  # stable
             if self.prompt.format == "eqa" and self.cfg.engine.kind == "vllm":
-                calls: list[list[dict]] = []
-                for _, rows in itertools.groupby(pending, key=lambda row: row["context_id"]):
-                    group = list(rows)
-                    calls += [group[i:i + PATIENT_CALL]
-                              for i in range(0, len(group), PATIENT_CALL)]
-                return calls
+                return patient_calls(pending, PATIENT_CALL)
         return [pending[i:i + CALL] for i in range(0, len(pending), CALL)]
+
+
+def patient_calls(rows: list[dict], per_call: int) -> list[list[dict]]:
+    """`rows` (a patient's rows next to each other) cut into calls of at most `per_call`
+    rows: whole patients packed in order; a patient with more rows than fit in the call
+    being filled starts a new one, split only when alone it has more than `per_call`."""
+    calls: list[list[dict]] = []
+    for _, group in itertools.groupby(rows, key=lambda row: row["context_id"]):
+        group = list(group)
+        if calls and len(calls[-1]) + len(group) <= per_call:
+            calls[-1] += group
+            continue
+        calls += [group[i:i + per_call] for i in range(0, len(group), per_call)]
+    return calls
 
 
 def default_cache_path() -> Path:
