@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -49,7 +50,13 @@ OWN_TITLES = ["(Ray Serve + vLLM)", "(DeepSpeed ZeRO)"]  # the demo's stage name
 
 
 @pytest.fixture(scope="module")
-def cli_run(ray_session, serve_app, tmp_path_factory) -> tuple[Path, str]:
+def demo_started() -> float:
+    """When the module's demo run began: Ray's logs of earlier replicas predate it."""
+    return time.time()
+
+
+@pytest.fixture(scope="module")
+def cli_run(ray_session, serve_app, tmp_path_factory, demo_started) -> tuple[Path, str]:
     """`medray demo` as a person runs it (quiet console), joined to the session cluster.
     serve_app first: Serve's HTTP proxy belongs to the session's app; the demo deploys its
     own apps beside it under /medray-demo-* and deletes them at the end."""
@@ -140,10 +147,11 @@ def test_reduced_demo_end_to_end(cli_run) -> None:
 
 
 @pytest.mark.timeout(1500)
-def test_reduced_demo_stops_its_vllm_engines_in_order(cli_run, ray_session) -> None:
+def test_reduced_demo_stops_its_vllm_engines_in_order(cli_run, ray_session,
+                                                      demo_started) -> None:
     """The demo deletes its two Serve apps; each LLM replica stops vLLM in order (output
     task, then its in-process engine core), so no EngineDeadError traceback lands in the
-    replica's log."""
+    replica's log. Only this run's replicas: another demo may have run in the session."""
     logs = Path(ray_session._private.worker._global_node.get_logs_dir_path())
 
     def actor_name(f: Path) -> str:  # Ray's header line in each worker log
@@ -151,9 +159,9 @@ def test_reduced_demo_stops_its_vllm_engines_in_order(cli_run, ray_session) -> N
             return next((x for x in fh.read(300).splitlines()
                          if x.startswith(":actor_name:")), "")
 
+    replica = r":actor_name:ServeReplica:medray-demo-.*GatedLLMServer"
     replicas = [f for f in logs.glob("worker-*.out")
-                if re.match(r":actor_name:ServeReplica:medray-demo-.*GatedLLMServer",
-                            actor_name(f))]
+                if f.stat().st_mtime >= demo_started and re.match(replica, actor_name(f))]
     assert len(replicas) == 2, sorted(f.name for f in logs.glob("worker-*.out"))
     for f in replicas:
         text = f.read_text(errors="replace") + f.with_suffix(".err").read_text(errors="replace")
