@@ -203,6 +203,19 @@ def atomic_file(path: str | os.PathLike, *, inputs: Iterable[str | os.PathLike] 
             _remove(tmp)
 
 
+def cache_root() -> Path:
+    """Where medray keeps what it can rebuild (API responses, imported models):
+    $MEDRAY_CACHE_DIR, else ~/.cache/medray."""
+    return Path(os.environ.get("MEDRAY_CACHE_DIR") or Path.home() / ".cache" / "medray")
+
+
+def copy_tree_files(src: Path, dst: Path) -> None:
+    """Copy the plain files of folder `src` (not its marker) into the folder `dst`."""
+    for f in src.iterdir():
+        if f.is_file() and f.name != MARKER:
+            shutil.copyfile(f, dst / f.name)
+
+
 def write_bytes_atomic(path: str | os.PathLike, data: bytes) -> Path:
     with atomic_file(path) as tmp:
         tmp.write_bytes(data)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# medray's caches (API responses, imported models) start empty in every session.
+os.environ["MEDRAY_CACHE_DIR"] = tempfile.mkdtemp(prefix="medray-test-cache-")
 
 
 @pytest.fixture(scope="session")

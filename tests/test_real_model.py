@@ -61,6 +61,31 @@ def test_smollm2_checkpoint_has_config_chat_template_and_provenance(smollm2_mode
     assert record["dtype"] == "float32"
 
 
+def test_a_second_import_copies_the_cached_conversion(smollm2_model, tmp_path, monkeypatch):
+    """The fixture's import dequantised the GGUF and kept the result in medray's cache; the
+    same import again copies it (no second dequantisation): the same files and provenance."""
+    from medray.io import cache_root
+    from medray.models import gguf
+
+    record = json.loads((smollm2_model / "provenance.json").read_text())
+    key = (f"{record['gguf']['sha256'][:16]}-fp32-transformers-"
+           f"{record['converted_with']['transformers']}")
+    assert key in [c.name for c in (cache_root() / "models").iterdir()]
+
+    def no_dequantise(*_: object) -> None:
+        raise AssertionError("dequantised again")
+
+    monkeypatch.setattr(gguf, "_dequantise", no_dequantise)
+    out = tmp_path / "again"
+    result = runner.invoke(app, ["model", "smollm2", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    names = sorted(f.name for f in smollm2_model.iterdir())
+    assert sorted(f.name for f in out.iterdir()) == names
+    for name in names:
+        if name != MARKER:
+            assert (out / name).read_bytes() == (smollm2_model / name).read_bytes(), name
+
+
 def test_saved_weights_are_the_gguf_weights(smollm2_model):
     """Two tensors read straight from the GGUF (a Q8_0 embedding, a Q4_1 projection)
     dequantise to exactly the saved float32 weights."""

@@ -5,7 +5,6 @@ have sent anything), the shots (picked once), and what a text-only engine is not
 from __future__ import annotations
 
 import itertools
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ import pandas as pd
 from medray.data.prepared import PreparedData, load_prepared
 from medray.eval.config import EvalConfig
 from medray.eval.governance import GovernanceError, check_external_use
+from medray.io import cache_root
 from medray.prompts.spec import PromptSpec
 from medray.prompts.text import protocol_budget, shot_sets
 
@@ -87,8 +87,7 @@ def patient_calls(rows: list[dict], per_call: int) -> list[list[dict]]:
 
 
 def default_cache_path() -> Path:
-    root = os.environ.get("MEDRAY_CACHE_DIR") or Path.home() / ".cache" / "medray"
-    return Path(root) / "api_responses.sqlite"
+    return cache_root() / "api_responses.sqlite"
 
 
 def sample_rows(df: pd.DataFrame, n: int | None, seed: int) -> pd.DataFrame:

