@@ -126,8 +126,11 @@ def _row(routing: str, model: str, args: argparse.Namespace, kv: int, url: str,
     t0 = time.perf_counter()
     serve.run(build_app(cfg), name="medray", route_prefix="/")
     print(f"# {routing}: 2 replicas up in {time.perf_counter() - t0:.0f} s", flush=True)
-    # Warm-up on a context no patient shares (the engines' first steps, the routers' state).
-    asyncio.run(_send(url, [("warm up?", "no patient here " * 8)] * 4, 2))
+    # Warm-up: every replica's first full-length prefills (slow on CPU), on contexts no
+    # patient's prompt shares a block with; distinct ones, so that the prefix router
+    # spreads them over both replicas as the default router does.
+    ctx = items[0][1]
+    asyncio.run(_send(url, [(f"warm up {i}?", f"warm-up {i}. {ctx}") for i in range(6)], 2))
     (deployment,) = llm_deployments("medray")
     before = replica_cache_stats("medray", deployment)
     res = asyncio.run(_send(url, items, args.concurrency))
