@@ -97,7 +97,7 @@ def two_replicas(ray_session, tiny_model, medqaro_prepared):
         patients.setdefault(c, []).append(q)
     contexts = load_prepared(medqaro_prepared)
     yield (f"http://127.0.0.1:{port}/routing",
-           {c: (contexts.context(c), qs[:4]) for c, qs in list(patients.items())[:2]})
+           {c: (contexts.context(c), qs[:4]) for c, qs in list(patients.items())[:4]})
     serve.delete("routing")
 
 
@@ -106,7 +106,8 @@ def test_a_patients_questions_stay_on_one_replica(two_replicas):
 
     from medray.serve.routing import llm_deployments, replica_cache_stats
 
-    url, patients = two_replicas
+    url, four = two_replicas
+    patients = dict(list(four.items())[:2])
     assert len(patients) == 2 and all(len(qs) == 4 for _, qs in patients.values())
     (deployment,) = llm_deployments("routing")
 
@@ -136,3 +137,43 @@ def test_a_patients_questions_stay_on_one_replica(two_replicas):
     first, second = seen.values()
     assert sorted(first) == [0, 4] and sorted(second) == [0, 4], seen
     assert first != second, seen  # a new patient goes to the replica with less cached
+
+
+def test_new_patients_asked_at_once_split_across_replicas(two_replicas):
+    """Two new patients' questions all at once, interleaved: each patient's questions go
+    to one replica (the first routed records the epicrisis before the others decide),
+    and the two patients to different replicas (the one holding fewer patients)."""
+    import httpx
+    import ray
+    from ray.serve._private.constants import SERVE_NAMESPACE
+
+    from medray.serve.routing import llm_deployments, replica_cache_stats
+
+    url, four = two_replicas
+    (a, (ctx_a, qs_a)), (b, (ctx_b, qs_b)) = list(four.items())[2:]
+    (deployment,) = llm_deployments("routing")
+    items = [(a, ctx_a, q) for q in qs_a] + [(b, ctx_b, q) for q in qs_b]
+    random.Random(1).shuffle(items)
+
+    async def run() -> list[list[int]]:
+        async with httpx.AsyncClient(base_url=url, timeout=300) as client:
+            while (await client.get("/readyz")).status_code != 200:
+                await asyncio.sleep(1)
+            rs = await asyncio.gather(*(client.post("/v1/qa", json={
+                "question": q, "context": ctx, "return_prompt_ids": True}) for _, ctx, q in items))
+            assert all(r.status_code == 200 for r in rs), [r.text for r in rs]
+            return [r.json()["prompt_ids"][0] for r in rs]
+
+    before = replica_cache_stats("routing", deployment)
+    prompts = asyncio.run(run())
+    after = replica_cache_stats("routing", deployment)
+    assert [after[r]["requests"] - before[r]["requests"] for r in sorted(after)] == [4, 4]
+    # where the router recorded each question: one replica per patient, two replicas
+    tree = ray.get_actor("LlmPrefixTreeActor",
+                         namespace=f"{SERVE_NAMESPACE}::routing::{deployment}")
+    owners: dict[str, set[str]] = {a: set(), b: set()}
+    for (cid, _, _), ids in zip(items, prompts, strict=True):
+        matched, tenants = ray.get(tree.prefix_match.remote(prompt_key(ids)))
+        assert len(matched) == len(ids) and len(tenants) == 1, (len(matched), tenants)
+        owners[cid].update(tenants)
+    assert all(len(o) == 1 for o in owners.values()) and owners[a] != owners[b], owners

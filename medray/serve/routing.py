@@ -13,6 +13,7 @@ replica's engine, read per replica with `replica_cache_stats` (the benchmark and
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Any
 
@@ -40,13 +41,16 @@ def prompt_key(prompt: Any) -> str:
 
 
 class PromptPrefixRouter(PrefixCacheAffinityRouter):
-    """PrefixCacheAffinityRouter keyed on token ids too, which records a prefix on its
-    replica as it routes it (see below); an empty key (nothing to match) falls back to
-    Serve's least-loaded of two."""
+    """PrefixCacheAffinityRouter keyed on token ids too, deciding one request at a time on
+    an up-to-date tree (see `_prefix_match_best_replicas`); an empty key (nothing to
+    match) or replicas whose ongoing requests differ by more than `imbalanced_threshold`
+    fall back to Serve's least-loaded of two."""
 
     def initialize_state(self, **kwargs: Any) -> None:
         tree = kwargs.pop("tree_actor", None) or prefix_tree_actor(self._deployment_id)
         super().initialize_state(tree_actor=tree, **kwargs)
+        self._deciding = asyncio.Lock()
+        self._recorded: set[str] = set()  # requests whose prefix was recorded as routed
 
     def _extract_text_from_request(self, pending_request: Any) -> str:
         for arg in pending_request.args or ():
@@ -58,27 +62,64 @@ class PromptPrefixRouter(PrefixCacheAffinityRouter):
                 return self._normalize_prompt_to_string(messages)
         return ""
 
+    async def _loads(self, replicas: list[Any]) -> dict[Any, int]:
+        """Ongoing requests per replica: the router's cache, probing the replicas it lacks."""
+        loads, missing = {}, []
+        for r in replicas:
+            n = self._replica_queue_len_cache.get(r.replica_id)
+            if n is None or n >= r.max_ongoing_requests:
+                missing.append(r)
+            else:
+                loads[r.replica_id] = n
+        if missing:
+            for r, n in await self._probe_queue_lens(missing, 0):
+                if n is not None:
+                    loads[r.replica_id] = n
+        return loads
+
     async def _prefix_match_best_replicas(self, pending_request: Any,
                                           candidate_replicas: list[Any]) -> list[Any]:
+        """Ray's rule (follow the longest prefix match; below match_rate_threshold, the
+        replica holding the fewest cached prompt characters, i.e. the fewest patients),
+        ties to the replica with fewer ongoing requests, and the prefix recorded on the
+        chosen replica before the next request decides: a new patient's concurrent
+        questions (and other new patients) would otherwise read a tree without it and
+        scatter or pile onto one replica. Ray records a prefix only once its request is
+        sent, and blocks the router's event loop on each tree call (ray.get, three or
+        four per request); here one awaited round trip per request decides."""
         key = self._extract_text_from_request(pending_request) if pending_request else ""
-        if not key:
+        if not key or not candidate_replicas:
             return [[]]
-        (chosen,) = await super()._prefix_match_best_replicas(pending_request,
-                                                              candidate_replicas)
-        if not chosen:
-            return [chosen]
-        # One replica, recorded now: Ray records a prefix only once its request is sent, so
-        # requests routed meanwhile (a new patient's other questions, other new patients)
-        # would pick on a stale tree and pile onto the same "smallest" replica or split.
-        queue = self._replica_queue_len_cache.get
-        one = min(chosen, key=lambda r: queue(r.replica_id) or 0)
-        # awaited, not ray.get: the router's event loop routes every other request meanwhile
-        await self._tree_actor.insert.remote(key, one.replica_id.to_full_id_str(), time.time())
+        loads = await self._loads(candidate_replicas)
+        if loads and max(loads.values()) - min(loads.values()) > self._imbalanced_threshold:
+            return [[]]  # Serve's least-loaded of two; on_request_routed records it
+        by_id = {r.replica_id.to_full_id_str(): r for r in candidate_replicas}
+        async with self._deciding:  # one decision at a time, each on the last one's tree
+            match = self._tree_actor.prefix_match.remote(key, list(by_id))
+            smallest = self._tree_actor.get_smallest_tenants.remote()
+            (matched, tenants), fewest = await match, await smallest
+            if len(matched) < self._match_rate_threshold * len(key):
+                tenants = fewest
+            chosen = [by_id[t] for t in tenants or () if t in by_id] or candidate_replicas
+            one = min(chosen, key=lambda r: loads.get(r.replica_id, 0))
+            # Not awaited: the tree actor runs this router's calls in order, so the next
+            # decision's match already sees it.
+            self._tree_actor.insert.remote(key, one.replica_id.to_full_id_str(), time.time())
+        if len(self._recorded) > 10_000:  # ids of requests cancelled before being sent
+            self._recorded.clear()
+        self._recorded.add(pending_request.metadata.internal_request_id)
         return [[one]]
 
     def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
-        if pending_request is not None and self._extract_text_from_request(pending_request):
-            super().on_request_routed(pending_request, replica_id, result)
+        if pending_request is None:
+            return
+        rid = pending_request.metadata.internal_request_id
+        if rid in self._recorded:  # recorded as it was chosen
+            self._recorded.discard(rid)
+            return
+        key = self._extract_text_from_request(pending_request)
+        if key:  # a load fallback: the prefix now lives on this replica too
+            self._tree_actor.insert.remote(key, replica_id.to_full_id_str(), time.time())
 
 
 def request_router_config(cfg: AppConfig) -> dict[str, Any] | None:
