@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import socket
 import sys
 import tempfile
@@ -120,6 +121,7 @@ def _through_eval(data: Path, engine: dict, out: Path, *, split: str, items: int
         if len(stamps) == expected + 1:  # the window's end
             snapshots.append(cpu_seconds())
 
+    shutil.rmtree(out, ignore_errors=True)  # a run left by an earlier bench would resume
     t0 = time.perf_counter()
     run_eval(cfg, out, on_prediction=on_prediction, on_start=on_start)
     window = stamps[-1] - stamps[0]
