@@ -60,7 +60,7 @@ def test_base_adapter_and_merged_model_all_answer_qa(client):
     assert seen["medray:ft", "ft"]["answer"] == seen["medray-ft", None]["answer"]
 
 
-@pytest.mark.parametrize("path", ["/v1/qa", "/v1/mcq", "/v1/completions",
+@pytest.mark.parametrize("path", ["/v1/qa", "/v1/qa/batch", "/v1/mcq", "/v1/completions",
                                   "/v1/chat/completions"])
 def test_every_route_but_healthz_needs_a_key(anon, path):
     assert anon.post(path, json={}).status_code == 401
@@ -101,6 +101,63 @@ def test_qa_trim_matches_a_direct_completion_of_the_training_prompt(client, serv
     assert choice["text"].strip() == body["answer"]
     lps = choice["logprobs"]["token_logprobs"]
     assert body["logprob"] == pytest.approx(sum(lps) / len(lps), abs=1e-4)
+
+
+QUESTIONS = ["Care este stadiul?", "Ce tratament a urmat?", "Ce varsta are pacienta?"]
+
+
+def _without_logprob(answer: dict) -> dict:
+    return {k: v for k, v in answer.items() if k != "logprob"}
+
+
+@pytest.mark.parametrize("options", [
+    {}, {"adapter": "ft"},
+    {"strategy": "chunks", "context_tokens": 64, "prompt_format": "eqa"}])
+def test_qa_batch_answers_each_question_as_qa_does(client, options):
+    """One patient's questions in one call: the same prompts (ids) and answers as /v1/qa
+    gives each alone; only the log-prob may differ in float noise (batched in vLLM)."""
+    r = client.post("/v1/qa/batch", json={"questions": QUESTIONS, "context": CONTEXT,
+                                          "return_prompt_ids": True, **options})
+    assert r.status_code == 200, r.text
+    answers = r.json()["answers"]
+    assert len(answers) == len(QUESTIONS)
+    for q, got in zip(QUESTIONS, answers, strict=True):
+        one = client.post("/v1/qa", json={"question": q, "context": CONTEXT,
+                                          "return_prompt_ids": True, **options})
+        assert one.status_code == 200, one.text
+        assert _without_logprob(got) == _without_logprob(one.json()), q
+        assert got["logprob"] == pytest.approx(one.json()["logprob"], abs=1e-3)
+    assert len({tuple(a["prompt_ids"][0]) for a in answers}) == len(QUESTIONS)
+
+
+def test_qa_batch_packs_whole_questions_into_requests_of_at_most_max_batch():
+    from medray.serve.qa import request_groups
+
+    assert request_groups([3, 2, 64, 1, 1], 64) == [[0, 1], [2], [3, 4]]
+    assert request_groups([1] * 5, 2) == [[0, 1], [2, 3], [4]]
+
+
+@pytest.mark.parametrize("payload,status,where", [
+    ({"context": "x"}, 422, "questions"),  # missing
+    ({"questions": [], "context": "x"}, 422, "questions"),
+    ({"questions": "q", "context": "x"}, 422, "questions"),  # not a list
+    ({"questions": ["q", "r", " \n"], "context": "x"}, 422, "questions.2"),  # no text
+    ({"questions": ["q", 3], "context": "x"}, 422, "questions.1"),
+    ({"questions": ["q", "x" * 8_001], "context": "x"}, 422, "questions.1"),  # max_text_chars
+    ({"questions": ["q"] * 65, "context": "x"}, 422, "questions"),  # max_questions
+    ({"questions": ["q"], "question": "q", "context": "x"}, 422, "question"),  # unknown field
+    ({"questions": ["q"], "context": " "}, 422, "context"),
+    ({"questions": ["q"], "context": "x", "strategy": "magic"}, 422, "strategy"),
+    # The second question alone does not fit context_tokens: a 400 naming it.
+    ({"questions": ["q", "Care este stadiul? " * 40], "context": CONTEXT,
+      "context_tokens": 32}, 400, "questions.1"),
+    ({"questions": ["q"], "context": "x", "adapter": "nope"}, 404, "nope"),
+])
+def test_qa_batch_bad_requests_get_json_4xx_naming_the_field(client, payload, status, where):
+    err = _is_error(client.post("/v1/qa/batch", json=payload), status)
+    assert where in err["message"]
+    if status != 404:
+        assert err["param"] == where or err["param"].startswith(f"{where}.")
 
 
 @pytest.mark.parametrize("strategy", ["chunks", "retrieve"])
@@ -276,7 +333,8 @@ def test_a_context_without_text_is_refused(client):
 def test_openapi_documents_bodies_security_and_errors(anon):
     doc = anon.get("/openapi.json").json()
     assert doc["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
-    for path in ("/v1/qa", "/v1/mcq", "/v1/completions", "/v1/chat/completions"):
+    for path in ("/v1/qa", "/v1/qa/batch", "/v1/mcq", "/v1/completions",
+                 "/v1/chat/completions"):
         op = doc["paths"][path]["post"]
         ref = op["requestBody"]["content"]["application/json"]["schema"]["$ref"]
         assert ref.rsplit("/", 1)[-1] in doc["components"]["schemas"]

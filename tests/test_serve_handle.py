@@ -104,6 +104,23 @@ def test_handle_and_http_give_the_same_mcq_answers(serve_app, robiology_prepared
     assert _rows(tmp_path / "handle") == _rows(tmp_path / "http")
 
 
+def test_the_handle_batch_is_the_http_batch_and_qa_one_by_one(serve_app, client):
+    from medray.engines.serve_handle import AppHandle
+
+    handle = AppHandle(APP, timeout=60)
+    context = "Pacienta de 54 ani, carcinom mamar stadiul IIA, chimioterapie adjuvanta. " * 8
+    body = {"questions": ["Care este stadiul?", "Ce tratament a urmat?"], "context": context,
+            "return_prompt_ids": True, "context_tokens": 96}
+    status, answer = handle.call("/v1/qa/batch", body)
+    resp = client.post("/v1/qa/batch", json=body)
+    assert (status, answer) == (resp.status_code, resp.json()) and status == 200
+    for q, got in zip(body["questions"], answer["answers"], strict=True):
+        status, one = handle.call("/v1/qa", {**{k: v for k, v in body.items()
+                                                 if k != "questions"}, "question": q})
+        assert status == 200 and {**got, "logprob": None} == {**one, "logprob": None}
+        assert got["logprob"] == pytest.approx(one["logprob"], abs=1e-3)
+
+
 def test_handle_errors_are_the_routes_and_a_missing_app_is_a_clear_error(
         serve_app, medqaro_prepared, client):
     from medray.engines.registry import EngineSpecError
@@ -113,7 +130,9 @@ def test_handle_errors_are_the_routes_and_a_missing_app_is_a_clear_error(
     handle = AppHandle(APP, timeout=60)
     for path, body in [("/v1/qa", {"question": "", "context": "x"}),
                        ("/v1/mcq", {"question": "q", "kind": "single", "options": []}),
-                       ("/v1/qa", {"question": "q", "context": "c", "adapter": "nope"})]:
+                       ("/v1/qa", {"question": "q", "context": "c", "adapter": "nope"}),
+                       ("/v1/qa/batch", {"questions": ["q", " "], "context": "c"}),
+                       ("/v1/qa/batch", {"questions": ["q"] * 65, "context": "c"})]:
         status, answer = handle.call(path, body)
         resp = client.post(path, json=body)
         assert (status, answer) == (resp.status_code, resp.json()), path

@@ -26,7 +26,7 @@ SEED = 20261206
 # (up to max_tokens, n and max_batch prompts), so fewer of those keep the run short. The
 # coverage phase (boundary values of every keyword) is left out: it alone makes over 600.
 EXAMPLES = {"negative": 40, "positive": 12}
-POSTS = ["/v1/qa", "/v1/mcq", "/v1/completions", "/v1/chat/completions"]
+POSTS = ["/v1/qa", "/v1/qa/batch", "/v1/mcq", "/v1/completions", "/v1/chat/completions"]
 TESTS = Path(__file__).resolve().parent
 
 
@@ -89,6 +89,13 @@ def test_the_document_states_the_configured_limits(serve_app):
     assert tokens["maximum"] == min(cfg.max_context_tokens, cfg.max_model_len)
     assert set(schemas["QARequest"]["required"]) == {"question", "context"}
     assert qa["return_prompt_ids"]["type"] == "boolean"
+    batch = schemas["QABatchRequest"]
+    assert set(batch["required"]) == {"questions", "context"}
+    questions = batch["properties"]["questions"]
+    assert (questions["minItems"], questions["maxItems"]) == (1, cfg.max_questions)
+    assert questions["items"]["maxLength"] == cfg.max_text_chars
+    assert {k: v for k, v in batch["properties"].items() if k != "questions"} == \
+        {k: v for k, v in qa.items() if k != "question"}  # the same options as /v1/qa
     completion = schemas["CompletionRequest"]
     assert "prompt" in completion["required"] and completion["additionalProperties"] is False
     n = completion["properties"]["n"]
@@ -118,6 +125,10 @@ def test_the_document_is_what_the_ingress_validates_with(serve_app):
             ("/v1/qa", "QARequest", {"question": "Care?", "context": ""}, 422),
             ("/v1/qa", "QARequest", {"question": "Care?", "context": "\u0000\u0000"}, 422),
             ("/v1/qa", "QARequest", {"question": "Care?", "context": " \n\t "}, 422),
+            ("/v1/qa/batch", "QABatchRequest", {"questions": ["Care?", "\u0000"],
+                                                "context": "x"}, 422),
+            ("/v1/qa/batch", "QABatchRequest", {"questions": ["Care?", "Ce?"],
+                                                "context": "Pacienta, 54 ani."}, 200),
             ("/v1/mcq", "MCQRequest", {"question": "q", "options": [
                 {"label": "A", "text": "x"}, {"label": "A", "text": "y"}]}, 422),
             ("/v1/chat/completions", "ChatCompletionRequest", {

@@ -3,11 +3,11 @@ from inside the Ray cluster that serves it, through a DeploymentHandle (`app`: t
 application's name; medray/engines/serve_handle.py), which skips the HTTP proxy.
 
 `generate` and `score_options` use the OpenAI-compatible /v1/completions route (log-probs
-of generated tokens; prompt log-probs for option scoring; HTTP only); `qa` and `mcq` call
-the QA routes, where the long-context strategy runs server-side with the training prompt
-code; `models` reads /v1/models (each served name's prompt and whether it takes images).
-`mcq` sends an item's images as data URLs; whether the served model takes them is its
-/v1/models card's `images` (`served_card`).
+of generated tokens; prompt log-probs for option scoring; HTTP only); `qa`, `qa_batch` (one
+patient's questions in one call) and `mcq` call the QA routes, where the long-context
+strategy runs server-side with the training prompt code; `models` reads /v1/models (each
+served name's prompt and whether it takes images). `mcq` sends an item's images as data
+URLs; whether the served model takes them is its /v1/models card's `images` (`served_card`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,10 @@ from typing import Any
 import httpx
 
 from medray.engines.base import Generation, OptionScore
+
+# Questions per /v1/qa/batch call: the serve config's default max_questions, so a patient
+# with more questions (rare) takes several calls.
+QA_BATCH = 64
 
 
 class ServeError(RuntimeError):
@@ -130,6 +134,18 @@ class ServeEngine:
         payload = {"question": question, "context": context, "adapter": self.adapter}
         payload.update({k: v for k, v in options.items() if v is not None})
         return self._post("/v1/qa", payload)
+
+    def qa_batch(self, questions: Sequence[str], context: str,
+                 **options: Any) -> list[dict[str, Any]]:
+        """One patient's questions over their shared record in one /v1/qa/batch call (at
+        most QA_BATCH; more go in several calls): each answer is /v1/qa's for it."""
+        out: list[dict[str, Any]] = []
+        for i in range(0, len(questions), QA_BATCH):
+            payload = {"questions": list(questions[i:i + QA_BATCH]), "context": context,
+                       "adapter": self.adapter}
+            payload.update({k: v for k, v in options.items() if v is not None})
+            out += self._post("/v1/qa/batch", payload)["answers"]
+        return out
 
     def mcq(self, item: dict[str, Any], shots: Sequence[dict] = (),
             max_new_tokens: int | None = None) -> dict[str, Any]:

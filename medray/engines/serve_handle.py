@@ -18,7 +18,7 @@ from typing import Any
 
 from medray.engines.registry import EngineSpecError
 
-IN_CLUSTER_ROUTES = ("/v1/qa", "/v1/mcq", "/v1/models")
+IN_CLUSTER_ROUTES = ("/v1/qa", "/v1/qa/batch", "/v1/mcq", "/v1/models")
 # Applications that may take calls: DEPLOYING is also an app being updated or scaled.
 CALLABLE = ("RUNNING", "DEPLOYING")
 

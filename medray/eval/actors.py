@@ -92,14 +92,17 @@ class PoolError(RuntimeError):
 
 
 def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
-             api_key: str | None = None) -> dict[str, Any]:
-    """Send `pending` through `cfg.actor_count` actors; `write(row)` as each answer arrives.
+             api_key: str | None = None,
+             on_start: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Send `pending` through `cfg.actor_count` actors; `write(row)` as each answer arrives,
+    `on_start()` as the first request goes out (an actor has started).
     Returns {"requested": items sent (a re-asked item counts again), "reasked",
     "actors": where each actor ran, "actors_replaced"}.
 
-    A thread-safe engine (an HTTP client of Serve or an API) gets one item per request,
-    `max_in_flight` outstanding, in patient order (the server's prefix cache sees a patient's
-    questions together); one that is not (in-process vLLM) gets whole engine calls
+    A thread-safe engine (a client of Serve or an API) gets `max_in_flight` requests
+    outstanding, in patient order (the server's prefix cache sees a patient's questions
+    together): Serve one patient's generative items per request (/v1/qa/batch), an API one
+    item; one that is not (in-process vLLM) gets whole engine calls
     (EvalPlan.engine_calls: with E+Q+A one patient's items), one running and one queued per
     actor.
 
@@ -118,7 +121,8 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
     thread_safe = cfg.engine.entry.thread_safe
     calls = plan.engine_calls(pending)
     if thread_safe:
-        units, window = [[row] for call in calls for row in call], cfg.max_in_flight
+        units = calls if plan.patient_units else [[row] for call in calls for row in call]
+        window = cfg.max_in_flight
         per_actor = max(1, -(-cfg.max_in_flight // n_actors))
     else:
         units, window, per_actor = calls, 2 * n_actors, 1
@@ -164,6 +168,8 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
                     break
                 i = min(free, key=load.__getitem__)  # least-loaded actor
                 unit = queue.pop()
+                if on_start is not None and not requested:
+                    on_start()
                 in_flight[actors[i].predict.remote(unit)] = (i, actors[i], unit)
                 load[i] += 1
                 requested += len(unit)

@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from medray.data.prepared import PreparedData, load_prepared
+from medray.engines.serve import QA_BATCH
 from medray.eval.config import EvalConfig
 from medray.eval.governance import GovernanceError, check_external_use
 from medray.io import cache_root
@@ -50,6 +51,12 @@ class EvalPlan:
     def asked(self) -> pd.DataFrame:
         return self.items[~self.items["id"].isin(self.skipped_images)]
 
+    @property
+    def patient_units(self) -> bool:
+        """Generative items through Serve: one call per patient (/v1/qa/batch), so the
+        pool's units are patients, not single items."""
+        return self.data.kind == "generative" and self.cfg.engine.kind == "serve"
+
     def engine_calls(self, pending: list[dict]) -> list[list[dict]]:
         """The pending items cut into engine calls, a patient's items next to each other
         (patients in order of first appearance, items in table order within one).
@@ -58,8 +65,10 @@ class EvalPlan:
         which vLLM's prefix cache computes once. For vLLM each call then holds whole
         patients, packed up to PATIENT_CALL items (a patient with more is split): a bigger
         batch keeps vLLM's scheduler full, where one small patient per call left it
-        waiting between calls. Otherwise CALL items per call (a crash loses at most one
-        call's answers)."""
+        waiting between calls. Through Serve each call is one patient (up to QA_BATCH
+        items): one /v1/qa/batch request, several of them in flight so the replica batches
+        across patients. Otherwise CALL items per call (a crash loses at most one call's
+        answers)."""
         if not pending:
             return []
         if self.data.kind == "generative" and "context_id" in pending[0]:
@@ -67,19 +76,22 @@ class EvalPlan:
             for i, row in enumerate(pending):
                 first.setdefault(row["context_id"], i)
             pending = sorted(pending, key=lambda row: first[row["context_id"]])  # stable
+            if self.patient_units:
+                return patient_calls(pending, QA_BATCH, pack=False)
             if self.prompt.format == "eqa" and self.cfg.engine.kind == "vllm":
                 return patient_calls(pending, PATIENT_CALL)
         return [pending[i:i + CALL] for i in range(0, len(pending), CALL)]
 
 
-def patient_calls(rows: list[dict], per_call: int) -> list[list[dict]]:
+def patient_calls(rows: list[dict], per_call: int, pack: bool = True) -> list[list[dict]]:
     """`rows` (a patient's rows next to each other) cut into calls of at most `per_call`
-    rows: whole patients packed in order; a patient with more rows than fit in the call
-    being filled starts a new one, split only when alone it has more than `per_call`."""
+    rows: whole patients packed in order (`pack`; else one patient per call); a patient
+    with more rows than fit in the call being filled starts a new one, split only when
+    alone it has more than `per_call`."""
     calls: list[list[dict]] = []
     for _, group in itertools.groupby(rows, key=lambda row: row["context_id"]):
         group = list(group)
-        if calls and len(calls[-1]) + len(group) <= per_call:
+        if pack and calls and len(calls[-1]) + len(group) <= per_call:
             calls[-1] += group
             continue
         calls += [group[i:i + per_call] for i in range(0, len(group), per_call)]

@@ -2,7 +2,8 @@
 evaluation, the same in an evaluation actor (medray/eval/actors.py) and in-process.
 
 How each engine kind is asked:
-- generative, Serve: the QA route (`/v1/qa`), which trims as training did;
+- generative, Serve: the QA routes (`/v1/qa/batch`: a patient's questions in one call),
+  which trim as training did;
 - generative, local model (vllm, hf): the prompt strategies of medray/prompts/strategies.py;
 - generative, chat API: the whole epicrisis (the papers' API baselines did no trimming);
 - multiple choice: the prompt of medray/prompts/text.py (Serve through its `/v1/mcq` route with
@@ -89,8 +90,8 @@ class Predictor:
             return [dict(self._baseline[str(ex["id"])]) for ex in examples]
         # Serve has QA and MCQ routes that prompt on the server with the same code.
         if self.data.kind == "generative":
-            if hasattr(self.engine, "qa"):
-                return [self._serve_qa(ex) for ex in examples]
+            if hasattr(self.engine, "qa_batch"):
+                return self._serve_qa_batch(examples)
             if self.spec.external or not hasattr(self.engine, "tokenizer"):
                 return self._whole_context(examples)
             return self._strategies(examples)
@@ -103,16 +104,32 @@ class Predictor:
     def _generative_budget(self) -> int:
         return self.prompt.new_tokens(self.max_new_tokens)
 
-    def _serve_qa(self, ex: Mapping[str, Any]) -> dict[str, Any]:
+    def _qa_options(self) -> dict[str, Any]:
         # Every prompt setting is sent: Serve then prompts exactly as this run says (the
         # served model's own spec unless the eval config overrides it).
         p = self.prompt
-        res = self.engine.qa(ex["question"], self.data.context(ex["context_id"]),
-                             prompt_format=p.format, context_tokens=p.context_tokens,
-                             strategy=p.strategy, max_new_tokens=self._generative_budget())
+        return {"prompt_format": p.format, "context_tokens": p.context_tokens,
+                "strategy": p.strategy, "max_new_tokens": self._generative_budget()}
+
+    def _qa_row(self, ex: Mapping[str, Any], res: Mapping[str, Any]) -> dict[str, Any]:
+        p = self.prompt
         return self._row(ex, res["answer"], logprob=res["logprob"], prompt_format=p.format,
                          context_tokens=p.context_tokens, strategy=p.strategy,
                          prompt_tokens=res.get("prompt_tokens"))
+
+    def _serve_qa_batch(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Each patient's questions in one call (their record sent and tokenised once);
+        the rows in the order of `examples`."""
+        by_patient: dict[Any, list[int]] = {}
+        for i, ex in enumerate(examples):
+            by_patient.setdefault(ex["context_id"], []).append(i)
+        rows: list[Any] = [None] * len(examples)
+        for context_id, idx in by_patient.items():
+            answers = self.engine.qa_batch([examples[i]["question"] for i in idx],
+                                           self.data.context(context_id), **self._qa_options())
+            for i, res in zip(idx, answers, strict=True):
+                rows[i] = self._qa_row(examples[i], res)
+        return rows
 
     def _strategies(self, examples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         """The examples' prompts (per the long-context strategy) in one engine call."""

@@ -38,10 +38,12 @@ def config_record(cfg: EvalConfig) -> dict[str, Any]:
 def run_eval(cfg: EvalConfig, out: str | os.PathLike, *, engine: Any = None,
              plan: EvalPlan | None = None,
              on_prediction: Callable[[dict], None] | None = None,
-             on_plan: Callable[[dict], None] | None = None) -> dict[str, Any]:
+             on_plan: Callable[[dict], None] | None = None,
+             on_start: Callable[[], None] | None = None) -> dict[str, Any]:
     """Evaluate, resuming OUT; returns (and writes) metrics.json. `engine` injects a built
     engine (run in-process); `plan` one already made from `cfg`; `on_plan(stats)` hears
-    the item counts before the first request, `on_prediction(row)` every answer."""
+    the item counts before the first request, `on_start()` when the engines have started
+    and the first request goes out, `on_prediction(row)` every answer."""
     plan = plan or plan_eval(cfg, engine=engine)
     out = Path(out)
     record = config_record(cfg)
@@ -50,7 +52,7 @@ def run_eval(cfg: EvalConfig, out: str | os.PathLike, *, engine: Any = None,
     # that cannot be reached fails the run before it costs anything
     tracker = start_eval_tracking(cfg, record, out)
     with tracker or nullcontext():
-        stats, engine_info = predict(plan, out, engine, on_prediction, on_plan)
+        stats, engine_info = predict(plan, out, engine, on_prediction, on_plan, on_start)
         summary = finish_eval(plan, out, stats, **engine_info)
         if tracker is not None:
             finish_eval_tracking(tracker, summary, out)
@@ -59,7 +61,8 @@ def run_eval(cfg: EvalConfig, out: str | os.PathLike, *, engine: Any = None,
 
 def predict(plan: EvalPlan, out: Path, engine: Any = None,
             on_prediction: Callable[[dict], None] | None = None,
-            on_plan: Callable[[dict], None] | None = None) -> tuple[dict, dict]:
+            on_plan: Callable[[dict], None] | None = None,
+            on_start: Callable[[], None] | None = None) -> tuple[dict, dict]:
     """Answer every planned item not yet in OUT/predictions.jsonl."""
     cfg = plan.cfg
     pred_path = out / runio.PREDICTIONS
@@ -88,14 +91,15 @@ def predict(plan: EvalPlan, out: Path, engine: Any = None,
             key_env = cfg.engine.engine_kwargs().get("api_key_env")
             api_key = os.environ.get(key_env) if cfg.engine.kind == "serve" and key_env \
                 else None
-            stats.update(run_pool(plan, pending, write, api_key=api_key))
+            stats.update(run_pool(plan, pending, write, api_key=api_key, on_start=on_start))
         else:
-            info = _run_local(plan, pending, engine, write, stats)
+            info = _run_local(plan, pending, engine, write, stats, on_start)
     return stats, info
 
 
 def _run_local(plan: EvalPlan, pending: list[dict], engine: Any,
-               write: Callable[[dict], None], stats: dict) -> dict[str, Any]:
+               write: Callable[[dict], None], stats: dict,
+               on_start: Callable[[], None] | None = None) -> dict[str, Any]:
     from medray.eval.predict import Predictor
 
     kwargs: dict[str, Any] = {}
@@ -103,6 +107,8 @@ def _run_local(plan: EvalPlan, pending: list[dict], engine: Any,
         kwargs["cache"] = plan.cfg.cache or default_cache_path()
     predictor = Predictor(plan.cfg, plan.data, engine=engine, shots=plan.shots,
                           loglik=plan.loglik, max_new_tokens=plan.max_new_tokens, **kwargs)
+    if on_start is not None:
+        on_start()
     try:
         for call in plan.engine_calls(pending):
             stats["requested"] += len(call)

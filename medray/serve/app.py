@@ -6,9 +6,10 @@
 `build_llms` (llm.py) gives one LLM deployment per served model (ray.serve.llm's
 LLMServer: vLLM, OpenAI request/response models, Serve multiplexing for LoRA). `QAIngress`
 is the FastAPI deployment in front: API-key auth, size limits before tokenising, /v1/qa
-(trim|chunks|retrieve with the training prompt code), /v1/mcq, pass-through
-/v1/completions and /v1/chat/completions (server-sent events with `stream`), /v1/models,
-/healthz (liveness) and /readyz (an LLM replica answers). Every error is an OpenAI-shaped
+(trim|chunks|retrieve with the training prompt code, qa.py) and /v1/qa/batch (one
+patient's questions in one call), /v1/mcq, pass-through /v1/completions and
+/v1/chat/completions (server-sent events with `stream`), /v1/models, /healthz (liveness)
+and /readyz (an LLM replica answers). Every error is an OpenAI-shaped
 JSON body (errors.py).
 
 Why not `build_openai_app`: its ingress has no auth and no QA routes, and its LoRA loader
@@ -40,6 +41,7 @@ from medray.serve.llm import wants_prompt_logprobs
 from medray.serve.openai_models import request_models
 from medray.serve.openapi import document
 from medray.serve.prompt_logprobs import last_response, one_prompt_at_a_time
+from medray.serve.qa import QAAnswers
 from medray.serve.relay import Target, engine_error, generations, relayed_error, sse
 from medray.serve.schemas import (
     Health,
@@ -48,7 +50,7 @@ from medray.serve.schemas import (
     MCQResponse,
     ModelCard,
     ModelList,
-    QABase,
+    QABatchResponse,
     QAResponse,
 )
 
@@ -66,7 +68,7 @@ def _bearer(request: Request) -> bytes:
 
 @serve.deployment(max_ongoing_requests=64)
 @serve.ingress(app)
-class QAIngress(InClusterCalls, Readiness):  # `call`: the routes for callers in the cluster
+class QAIngress(InClusterCalls, Readiness, QAAnswers):  # `call`: in-cluster routes
     def __init__(self, llms: dict[str, DeploymentHandle], config: dict[str, Any]) -> None:
         self.cfg = AppConfig.model_validate(config)
         keys = self.cfg.api_keys()
@@ -249,37 +251,17 @@ class QAIngress(InClusterCalls, Readiness):  # `call`: the routes for callers in
 
     @route.post("/v1/qa", response_model=QAResponse, body="QARequest")
     async def qa(self, request: Request) -> QAResponse:
-        from medray.prompts.strategies import finish_strategy, plan_strategy
-        from medray.prompts.tokens import BudgetError
-
         # Sizes, context_tokens (at most the context limit) and text: checked by the model.
         body: Any = await self._body(request, "QARequest")
-        assert isinstance(body, QABase)
-        cfg = self.cfg
-        target = self._target(body.model, body.adapter)
-        asked = {"format": body.prompt_format, "context_tokens": body.context_tokens,
-                 "strategy": body.strategy, "max_new_tokens": body.max_new_tokens}
-        spec = self._prompt(target).model_copy(
-            update={k: v for k, v in asked.items() if v is not None})
-        try:
-            plan = plan_strategy(self._tokenizer(target.source), body.question, body.context,
-                                 spec)
-        except BudgetError as err:  # the question alone does not fit context_tokens
-            raise APIError(400, "invalid_request_error", f"context length: {err}",
-                           "context_tokens") from None
-        # context_tokens <= the context limit (schema), so every planned prompt fits the window;
-        # chunks answers each piece: at most max_batch of them.
-        if len(plan.prompts) > cfg.max_batch:
-            raise APIError(400, "invalid_request_error", (
-                f"context length: chunks of context_tokens {spec.context_tokens} split it into "
-                f"{len(plan.prompts)} prompts; at most max_batch ({cfg.max_batch})"), "context")
-        gens = await self.generate_ids(target, plan.prompts, spec.max_new_tokens)
-        res = finish_strategy(plan, gens)
-        self.counts["qa"] += 1
-        return QAResponse(answer=res.answer, logprob=res.logprob, prompt_tokens=res.prompt_tokens,
-                          strategy=res.strategy, model=target.model, adapter=target.adapter,
-                          prompt=spec, prompt_ids=[g.prompt_ids for g in gens]
-                          if body.return_prompt_ids else None)
+        return (await self._answers(body, [body.question]))[0]
+
+    @route.post("/v1/qa/batch", response_model=QABatchResponse, body="QABatchRequest")
+    async def qa_batch(self, request: Request) -> QABatchResponse:
+        """One patient's questions over their shared record, each answered as /v1/qa
+        answers it; the record is tokenised once and the prompts go to vLLM together."""
+        body: Any = await self._body(request, "QABatchRequest")
+        self.counts["qa_batch"] += 1
+        return QABatchResponse(answers=await self._answers(body, body.questions, "questions"))
 
     @route.post("/v1/mcq", response_model=MCQResponse, body="MCQRequest")
     async def mcq(self, request: Request) -> MCQResponse:

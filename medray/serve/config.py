@@ -119,6 +119,7 @@ class AppConfig(Strict):
     max_n: int = Field(8, ge=1)
     max_logprobs: int = Field(20, ge=0)  # vLLM's own default cap
     max_batch: int = Field(64, ge=1, description="prompts per completion, messages per chat")
+    max_questions: int = Field(64, ge=1, description="questions per /v1/qa/batch call")
     # Each image sent to a vision-language model (/v1/mcq `images`, chat image parts).
     max_image_bytes: int = Field(MAX_IMAGE_BYTES, ge=1024, le=MAX_IMAGE_BYTES)
     ready_cache_s: float = Field(5.0, ge=0)

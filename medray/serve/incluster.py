@@ -22,7 +22,8 @@ from medray.serve.limits import check_text
 log = logging.getLogger("medray.serve")
 
 # Route path -> QAIngress method (the HTTP route's handler).
-ROUTES = {"/v1/qa": "qa", "/v1/mcq": "mcq", "/v1/models": "models"}
+ROUTES = {"/v1/qa": "qa", "/v1/qa/batch": "qa_batch", "/v1/mcq": "mcq",
+          "/v1/models": "models"}
 
 
 @dataclass

@@ -14,7 +14,15 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field, create_model, model_validator
 
 from medray.engines.vllm import MAX_IMAGES_PER_PROMPT
-from medray.serve.schemas import IMAGE_URL, STRICT, Limits, ints, mcq_models, qa_model
+from medray.serve.schemas import (
+    IMAGE_URL,
+    STRICT,
+    Limits,
+    ints,
+    mcq_models,
+    qa_batch_model,
+    qa_model,
+)
 
 INT64 = 2**63 - 1
 MAX_STOPS = 16
@@ -280,6 +288,7 @@ def chat_model(lim: Limits) -> type[BaseModel]:
 
 def request_models(lim: Limits) -> dict[str, type[BaseModel]]:
     """Every route's request model, by the name /openapi.json gives it."""
-    return {"QARequest": qa_model(lim), "MCQRequest": mcq_models(lim),
+    return {"QARequest": qa_model(lim), "QABatchRequest": qa_batch_model(lim),
+            "MCQRequest": mcq_models(lim),
             "CompletionRequest": completion_model(lim),
             "ChatCompletionRequest": chat_model(lim)}

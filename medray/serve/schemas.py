@@ -64,6 +64,7 @@ class Limits:
     max_n: int = 8
     max_logprobs: int = 20
     max_batch: int = 64
+    max_questions: int = 64
     max_token_id: int = 2**31 - 1
     lora: bool = False  # LoRA adapters served: prompt log-probs one sequence at a time
     images: int = 0  # images per request; 0 when no served model takes images
@@ -75,6 +76,7 @@ class Limits:
                    context_tokens=cfg.context_limit,
                    max_model_len=cfg.max_model_len, max_n=cfg.max_n,
                    max_logprobs=cfg.max_logprobs, max_batch=cfg.max_batch,
+                   max_questions=cfg.max_questions,
                    max_token_id=max_token_id, lora=bool(cfg.adapters or cfg.lora_uri),
                    images=MAX_IMAGES_PER_PROMPT if vision else 0)
 
@@ -108,20 +110,36 @@ class QABase(BaseModel):
     adapter: str | None = Field(None, max_length=256)
 
 
-def qa_model(lim: Limits) -> type[BaseModel]:
-    return create_model(
-        "QARequest", __base__=QABase,
-        question=(str, text(lim.text_chars)),
-        context=(str, text(lim.context_chars, description=(
+def _qa_options(lim: Limits) -> dict[str, Any]:
+    """The fields /v1/qa and /v1/qa/batch share: the context and the prompt settings."""
+    return {
+        "context": (str, text(lim.context_chars, description=(
             "the patient's record; it must hold text (not only whitespace or control "
             "characters). With strategy chunks it may give at most max_batch prompts of "
-            "context_tokens each, else a 400"))),
-        context_tokens=(prompt_field("context_tokens", lim.context_tokens),
-                        Field(None, description=(
+            "context_tokens each per question, else a 400"))),
+        "context_tokens": (prompt_field("context_tokens", lim.context_tokens),
+                           Field(None, description=(
             "token budget of each prompt (max_context_tokens, at most max_model_len); a "
             "question that alone does not fit it is a 400"))),
-        max_new_tokens=(prompt_field("max_new_tokens", lim.max_model_len), Field(None)),
-    )
+        "max_new_tokens": (prompt_field("max_new_tokens", lim.max_model_len), Field(None)),
+    }
+
+
+def qa_model(lim: Limits) -> type[BaseModel]:
+    return create_model("QARequest", __base__=QABase,
+                        question=(str, text(lim.text_chars)), **_qa_options(lim))
+
+
+def qa_batch_model(lim: Limits) -> type[BaseModel]:
+    return create_model(
+        "QABatchRequest", __base__=QABase,
+        __doc__="One patient's questions over their shared record, answered as /v1/qa "
+                "answers each (the record tokenised once, the prompts sent together).",
+        questions=(list[Annotated[str, text(lim.text_chars)]], Field(  # type: ignore[valid-type]
+            min_length=1, max_length=lim.max_questions, description=(
+                f"the questions, answered in this order; at most max_questions "
+                f"({lim.max_questions})"))),
+        **_qa_options(lim))
 
 
 class QAResponse(BaseModel):
@@ -134,6 +152,10 @@ class QAResponse(BaseModel):
     prompt: PromptSpec = Field(description="the prompt settings used (request over model)")
     prompt_ids: list[list[int]] | None = Field(
         None, description="with return_prompt_ids: the ids the LLM received, per prompt")
+
+
+class QABatchResponse(BaseModel):
+    answers: list[QAResponse] = Field(description="one per question, in the request's order")
 
 
 # ------------------------------------------------------------------ /v1/mcq
