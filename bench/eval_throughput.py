@@ -16,7 +16,9 @@ outstanding across its actors (the serve engine: one patient's questions per req
 /v1/qa/batch); its items/s runs from the first request (the engines started: run_eval's
 on_start) to the last prediction written, over every item, so engine start-up and scoring
 are left out and shown apart as "start s". Default model: the tiny random Llama, so the
-numbers are the path's overhead, not answer quality. Ratios are against the in-process row.
+numbers are the path's overhead, not answer quality. Ratios are against the in-process row; the 0.8x
+target for the in-cluster path is judged against in-process vLLM given every prompt in one
+call, since the serve path hands vLLM whole patients with several in flight.
 
 Where the time goes: over the same window, the CPU seconds each kind of
 process used (this process, evaluation actors, Serve's HTTP proxy, the QA ingress, the
@@ -224,7 +226,7 @@ def main() -> None:
     print(f"\nserve engine, best of 1/2 actors: in-cluster handle {h / base:.2f}x in-process "
           f"vLLM, HTTP {t / base:.2f}x (handle / HTTP {h / t:.2f}x); against in-process in "
           f"one call: handle {h / whole:.2f}x, HTTP {t / whole:.2f}x\n"
-          + _handle_note(handle[1], http[1], rows[0][1]))
+          + _handle_note(handle[1], http[1], rows[1][1]))
     write_results("eval_throughput", {
         "headline": f"`medray eval` through Serve in-cluster ({handle[0]}) answers "
                     f"{h:.0f} items/s, {h / base:.2f}x in-process vLLM on batches of "
@@ -247,24 +249,26 @@ def main() -> None:
                   f"{args.in_flight} requests in flight, so vLLM batches many more prompts "
                   f"than the in-process row's {args.in_flight}; the one-call row is in-process "
                   "vLLM batching every prompt at once",
-                  _handle_note(handle[1], http[1], rows[0][1])],
+                  _handle_note(handle[1], http[1], rows[1][1])],
     }, command=shlex.join(["bench/eval_throughput.py", *sys.argv[1:]]))
 
 
-def _handle_note(handle: dict, http: dict, inproc: dict) -> str:
-    """Where the in-cluster path's time goes, against the 0.8x-of-in-process aim."""
+def _handle_note(handle: dict, http: dict, whole: dict) -> str:
+    """Where the in-cluster path's time goes, against the 0.8x aim. The aim is judged
+    against in-process vLLM given every prompt in one call: the serve path hands vLLM
+    whole patients, many in flight, so the batches-of-N row would flatter it."""
     cpu, was = handle["cpu_per_item_ms"], http["cpu_per_item_ms"]
-    ratio = handle["items/s"] / inproc["items/s"]
-    return (f"in-cluster (handle) path at {ratio:.2f}x in-process vLLM "
-            f"({'meets' if ratio >= 0.8 else 'misses'} the 0.8x aim): it drops Serve's HTTP "
-            f"proxy ({was.get('Serve proxy', 0.0):.1f} CPU ms per item over HTTP) and HTTP "
-            f"parsing; each item costs the QA ingress "
+    ratio = handle["items/s"] / whole["items/s"]
+    return (f"in-cluster (handle) path at {ratio:.2f}x in-process vLLM given every prompt "
+            f"in one call ({'meets' if ratio >= 0.8 else 'misses'} the 0.8x target): it "
+            f"drops Serve's HTTP proxy ({was.get('Serve proxy', 0.0):.1f} CPU ms per item "
+            f"over HTTP) and HTTP parsing; each item costs the QA ingress "
             f"{cpu.get('QA ingress', 0.0):.1f} ms (tokenising, prompt planning; one "
             f"/v1/qa/batch call and one LLM request per patient) and the LLM replica "
-            f"{cpu.get('LLM replica', 0.0):.1f} ms (the "
-            f"model included), {sum(cpu.values()):.1f} ms in all against "
-            f"{sum(inproc['cpu_per_item_ms'].values()):.1f} ms in-process (batches of "
-            "pre-tokenised prompts)")
+            f"{cpu.get('LLM replica', 0.0):.1f} ms (the model included), "
+            f"{sum(cpu.values()):.1f} ms in all against "
+            f"{sum(whole['cpu_per_item_ms'].values()):.1f} ms in-process in one call "
+            "(pre-tokenised prompts)")
 
 
 if __name__ == "__main__":
