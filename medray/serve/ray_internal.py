@@ -61,11 +61,15 @@ def prefix_tree_actor(deployment_id: Any) -> Any:
         PrefixTreeActor,
     )
     from ray.serve._private.constants import SERVE_CONTROLLER_NAME, SERVE_NAMESPACE
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     namespace = "::".join([SERVE_NAMESPACE, deployment_id.app_name, deployment_id.name])
+    # On the router's own node where it can (not wherever a 0-CPU actor lands): losing
+    # another node then leaves routing alone.
+    here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
     actor = PrefixTreeActor.options(name="LlmPrefixTreeActor", namespace=namespace,
                                     get_if_exists=True, lifetime="detached",
-                                    num_cpus=0).remote()
+                                    num_cpus=0, scheduling_strategy=here).remote()
     controller = ray.get_actor(SERVE_CONTROLLER_NAME, namespace=SERVE_NAMESPACE)
     ray.get(controller._register_shutdown_cleanup_actor.remote(actor))
     return actor

@@ -17,12 +17,14 @@ import asyncio
 import time
 from typing import Any
 
+from ray.exceptions import ActorUnavailableError, RayActorError
 from ray.serve.llm.request_router import PrefixCacheAffinityRouter
 
 from medray.serve.config import AppConfig
 from medray.serve.ray_internal import broadcast, prefix_tree_actor
 
 ROUTER_PATH = "medray.serve.routing.PromptPrefixRouter"
+TREE_LOST = (RayActorError, ActorUnavailableError)  # the prefix tree's actor or node died
 # Token ids as private-use code points: one character per token keeps the tree small and
 # its prefix lengths in tokens; ids past the range wrap (a routing key only, never decoded).
 _BASE, _SPAN = 0xE000, 0x10FFFF - 0xE000
@@ -97,7 +99,11 @@ class PromptPrefixRouter(PrefixCacheAffinityRouter):
         async with self._deciding:  # one decision at a time, each on the last one's tree
             match = self._tree_actor.prefix_match.remote(key, list(by_id))
             smallest = self._tree_actor.get_smallest_tenants.remote()
-            (matched, tenants), fewest = await match, await smallest
+            try:
+                (matched, tenants), fewest = await match, await smallest
+            except TREE_LOST:
+                self._renew_tree()
+                return [[]]  # Serve's least-loaded of two, this once
             if len(matched) < self._match_rate_threshold * len(key):
                 tenants = fewest
             chosen = [by_id[t] for t in tenants or () if t in by_id] or candidate_replicas
@@ -109,6 +115,29 @@ class PromptPrefixRouter(PrefixCacheAffinityRouter):
             self._recorded.clear()
         self._recorded.add(pending_request.metadata.internal_request_id)
         return [[one]]
+
+    def _renew_tree(self) -> None:
+        """A fresh prefix tree, every current replica a tenant: the old one was lost with
+        its node (a routing decision, or a replica update, found it dead). Its records are
+        gone, so patients find their replicas again as they come."""
+        import ray
+
+        self._tree_actor = prefix_tree_actor(self._deployment_id)
+        ids = [rid.to_full_id_str() for rid in self._replica_id_set]
+        ray.get(self._tree_actor.add_tenants.remote(ids, time.time()))
+        self._eviction_loop_running = False  # the next replica update starts it there
+
+    def update_replicas(self, replicas: list[Any]) -> None:
+        try:  # Serve's replica set first, then Ray's tree updates (ray.get on the tree)
+            super().update_replicas(replicas)
+        except TREE_LOST:
+            self._renew_tree()
+
+    def on_replica_actor_died(self, replica_id: Any) -> None:
+        try:
+            super().on_replica_actor_died(replica_id)
+        except TREE_LOST:
+            self._renew_tree()
 
     def on_request_routed(self, pending_request: Any, replica_id: Any, result: Any) -> None:
         if pending_request is None:
