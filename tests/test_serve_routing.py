@@ -177,3 +177,27 @@ def test_new_patients_asked_at_once_split_across_replicas(two_replicas):
         assert len(matched) == len(ids) and len(tenants) == 1, (len(matched), tenants)
         owners[cid].update(tenants)
     assert all(len(o) == 1 for o in owners.values()) and owners[a] != owners[b], owners
+
+
+def test_routing_goes_on_after_the_prefix_tree_is_lost(two_replicas):
+    """The prefix tree's actor dies (as with its node): the next questions are answered
+    (by load, while the router starts a fresh tree) and the fresh tree records them."""
+    import httpx
+    import ray
+    from ray.serve._private.constants import SERVE_NAMESPACE
+
+    from medray.serve.routing import llm_deployments
+
+    url, four = two_replicas
+    ctx, questions = next(iter(four.values()))
+    (deployment,) = llm_deployments("routing")
+    namespace = f"{SERVE_NAMESPACE}::routing::{deployment}"
+    old = ray.get_actor("LlmPrefixTreeActor", namespace=namespace)
+    ray.kill(old, no_restart=True)
+    with httpx.Client(base_url=url, timeout=300) as client:
+        codes = [client.post("/v1/qa", json={"question": q, "context": ctx}).status_code
+                 for q in questions]
+    assert codes == [200] * len(questions), codes
+    tree = ray.get_actor("LlmPrefixTreeActor", namespace=namespace)
+    assert tree._actor_id != old._actor_id
+    assert ray.get(tree.get_smallest_tenants.remote())  # the replicas are its tenants
