@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
 import shlex
 import sys
@@ -94,20 +95,12 @@ def hit_ceiling(items: list[tuple[str, str]], prompts: list[list[int] | None]) -
     for (_, ctx), ids in zip(items, prompts, strict=True):
         if ids is None:
             continue
-        shared = max((_common(ids, e) for e in seen.get(ctx, ())), default=0)
+        shared = max((len(os.path.commonprefix([ids, e])) for e in seen.get(ctx, ())),
+                     default=0)
         hits += min(shared, len(ids) - 1) // BLOCK * BLOCK
         queries += len(ids)
         seen.setdefault(ctx, []).append(ids)
     return hits / queries if queries else 0.0
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def _row(routing: str, model: str, args: argparse.Namespace, kv: int, url: str,
