@@ -5,6 +5,8 @@ Budget: ~70-110 s for the vLLM replicas to start (shared with test_eval_*), then
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 
@@ -37,6 +39,31 @@ def test_health_probes_are_public(anon):
     r = anon.get("/readyz")  # every LLM deployment has a replica that answers
     assert r.status_code == 200, r.text
     assert r.json()["status"] == "ok"
+
+
+def test_an_llm_that_just_answered_is_ready_without_a_probe(client, anon, serve_app):
+    """Under load a 1-token probe waits behind the engine's whole queue: an LLM that
+    answered within the probe's timeout counts as ready and gets no probe. Serve's health
+    check of the ingress never waits on an LLM (it would restart the ingress, and drop every
+    request in flight, while a busy LLM works through its queue)."""
+    from medray.serve.app import QAIngress
+    from medray.serve.health import PROBE_TIMEOUT_S
+
+    assert not hasattr(QAIngress.func_or_class, "check_health")
+
+    def probes() -> int:
+        return client.get("/v1/stats").json().get("ready_probe", 0)
+
+    for extra in ({}, {"model": "medray-ft"}):  # each LLM deployment answers once
+        r = client.post("/v1/qa", json={"question": "Care este stadiul?", "context": CONTEXT,
+                                        **extra})
+        assert r.status_code == 200, r.text
+    before, t0 = probes(), time.monotonic()
+    time.sleep(serve_app[2].ready_cache_s + 0.5)  # past the cached readiness
+    r = anon.get("/readyz")
+    assert r.status_code == 200 and r.json()["status"] == "ok", r.text
+    assert time.monotonic() - t0 < PROBE_TIMEOUT_S
+    assert probes() == before  # ready on their answers: no probe was sent
 
 
 def test_models_lists_base_adapter_and_merged_model(client, serve_app):

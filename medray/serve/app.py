@@ -93,7 +93,7 @@ class QAIngress(InClusterCalls, Readiness, QAAnswers):  # `call`: in-cluster rou
         self.counts: Counter[str] = Counter()
         self._ready_cache: tuple[float, bool, str] = (-1e9, False, "not checked yet")
         self._ready_lock = asyncio.Lock()
-        self._was_ready = False
+        self._answered_at: dict[str, float] = {}
 
     # ------------------------------------------------------------------ plumbing
     def _tokenizer(self, source: str) -> Any:
@@ -200,6 +200,7 @@ class QAIngress(InClusterCalls, Readiness, QAAnswers):  # `call`: in-cluster rou
         result = first
         async for item in gen:
             result = item
+        self._answered(target.handle)
         return result[-1] if isinstance(result, list) else result
 
     async def generate_ids(self, target: Target, prompts: list[list[int]],
@@ -245,7 +246,8 @@ class QAIngress(InClusterCalls, Readiness, QAAnswers):  # `call`: in-cluster rou
 
     @route.get("/v1/stats", response_model=dict[str, int])
     async def stats(self, request: Request) -> dict[str, int]:
-        """Requests this ingress replica answered, per route (used by the resume test)."""
+        """Requests this ingress replica answered, per route (used by the resume test), and
+        `ready_probe`: the readiness probes it sent to its LLMs."""
         self._auth(request)
         return dict(self.counts)
 

@@ -1,5 +1,10 @@
-"""Readiness of the ingress: every LLM deployment has a running replica that answers a
-1-token request (cached while it holds); Serve's own health check once the app was ready."""
+"""Readiness of the ingress: every LLM deployment has a running replica that answers.
+
+An LLM that answered any request within the probe's timeout is ready without a probe: under
+load a 1-token probe waits behind every prompt in the engine's queue, and a busy engine is
+not a dead one. Serve's health check of the ingress is Serve's own (the replica answers):
+tying it to the LLM would get the ingress restarted while its LLM works through a long
+queue, dropping every request in flight. Each LLM replica has its engine's own check."""
 
 from __future__ import annotations
 
@@ -12,22 +17,29 @@ from ray import serve
 from medray.serve.errors import APIError
 from medray.serve.relay import Target
 
+PROBE_TIMEOUT_S = 30.0
+
 
 class Readiness:
     """Mixed into the ingress (medray.serve.app.QAIngress), which sets `cfg`, `llms`,
-    `tokenizer`, `_call` and the `_ready_*` state."""
+    `tokenizer`, `_call`, `counts` and the `_ready_*` state, and calls `_answered` after
+    every LLM answer."""
 
     cfg: Any
     llms: dict[str, Any]
     tokenizer: Any
     _ready_cache: tuple[float, bool, str]
     _ready_lock: asyncio.Lock
-    _was_ready: bool
+    _answered_at: dict[str, float]  # LLM deployment -> when it last answered (monotonic)
+    counts: Any
     _call: Any  # QAIngress._call: the last item of an LLM call
 
+    def _answered(self, handle: Any) -> None:
+        self._answered_at[handle.deployment_name] = time.monotonic()
+
     async def _ready(self) -> tuple[bool, str]:
-        """Every LLM deployment has a RUNNING replica and answers a 1-token request;
-        a success is cached for ready_cache_s so probes cost the engine almost nothing (a
+        """Every LLM deployment has a RUNNING replica and has answered within the probe's
+        timeout, or answers a 1-token request now; a success is cached for ready_cache_s (a
         failure is not: the next probe may already see the replica that just started)."""
         async with self._ready_lock:
             at, ok, detail = self._ready_cache
@@ -35,7 +47,6 @@ class Readiness:
                 return ok, detail
             ok, detail = await self._probe()
             self._ready_cache = (time.monotonic(), ok, detail)
-            self._was_ready |= ok
             return ok, detail
 
     async def _probe(self) -> tuple[bool, str]:
@@ -52,18 +63,15 @@ class Readiness:
             running = (dep.replica_states.get("RUNNING", 0) if dep else 0)
             if not running:
                 return False, f"{name}: no running LLM replica"
+            answered = self._answered_at.get(handle.deployment_name)
+            if answered is not None and time.monotonic() - answered < PROBE_TIMEOUT_S:
+                continue  # busy answering others: ready, and no probe joins its queue
+            self.counts["ready_probe"] += 1
             req = CompletionRequest(model=name, prompt=[token], max_tokens=1)
             try:
                 await asyncio.wait_for(self._call(Target(handle, name, "", name, None),
-                                                  "completions", req), timeout=30)
+                                                  "completions", req),
+                                       timeout=PROBE_TIMEOUT_S)
             except (TimeoutError, APIError) as exc:
                 return False, f"{name}: {getattr(exc, 'message', 'timed out')}"
         return True, "ok"
-
-    async def check_health(self) -> None:
-        """Serve's own health check: readiness, once the app has been ready (a replica that
-        is still starting its LLM is not restarted for it)."""
-        ok, detail = await self._ready()
-        if not ok and self._was_ready:
-            raise RuntimeError(f"not ready: {detail}")
-
