@@ -53,10 +53,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 SHARED = Path(os.environ.get("MEDRAY_SHARED_DATA", ROOT.parent / "shared" / "data"))
 DATASETS = ("europemedqa", "robiology")
 
-from _lm_eval_task import OFFLINE, medray_cli, smollm2_checkpoint, write_task  # noqa: E402
+from _lm_eval_task import OFFLINE, smollm2_checkpoint, write_task  # noqa: E402
 
 
 def prepare(dataset: str, work: Path, scale: str | None = None) -> Path:
+    """What `medray data synth` and `medray data prepare` write (their own functions, in
+    this process)."""
+    from medray.data.prepare import prepare as prepare_dataset
+    from medray.data.registry import DATASETS as REGISTRY
+    from medray.data.synth import WRITERS
+
     out = work / f"{dataset}-prepared"
     if dataset == "europemedqa":
         raw = SHARED / "europemedqa"
@@ -64,10 +70,9 @@ def prepare(dataset: str, work: Path, scale: str | None = None) -> Path:
             raise SystemExit(f"error: the real EuropeMedQA slice is not at {raw} "
                              "(set MEDRAY_SHARED_DATA)")
     else:
-        raw = work / f"{dataset}-raw"
-        medray_cli("data", "synth", "-d", dataset, "--out", str(raw),
-                   *(["--scale", scale] if scale else []))
-    medray_cli("data", "prepare", "-d", dataset, "-i", str(raw), "--out", str(out))
+        raw = WRITERS[dataset](work / f"{dataset}-raw", seed=0,
+                              scale=scale or REGISTRY[dataset].synthetic_scale)
+    prepare_dataset(dataset, raw, out)
     return out
 
 
