@@ -77,8 +77,25 @@ def row_from_summary(summary: dict, wall: float) -> dict:
             "memory_gib": memory.get("peak_gib") or {
                 "processes": float("nan"), "system": memory["peak_above_start_gib"]},
             "memory_by_stage_gib": memory.get("by_stage_gib"),
+            "memory_top_by_stage": memory.get("top_by_stage"),
             # metrics.json of demos before the machine was recorded: None
             "machine": summary.get("machine")}
+
+
+def peak_processes(rows: list[dict]) -> list[str]:
+    """A note per seed: the largest processes at its highest stage peak."""
+    from medray.demo.memory import largest_at_peak
+
+    notes = []
+    for r in rows:
+        found = largest_at_peak({"by_stage_gib": r.get("memory_by_stage_gib") or {},
+                                 "top_by_stage": r.get("memory_top_by_stage") or {}})
+        if found:
+            stage, top = found
+            notes.append(f"seed {r['seed']}: at the peak of '{stage}' the largest processes "
+                         "were " + ", ".join(f"{p['process']} {p['pss_gib']:.2f} GiB"
+                                              for p in top) + " (PSS)")
+    return notes
 
 
 def print_table(rows: list[dict], need: float, label: str) -> bool:
@@ -166,7 +183,8 @@ def write_demo_results(rows: list[dict], need: float) -> None:
                   *[f"seed {r['seed']}: the fine-tuned row served "
                     + ("merged into the base" if r["fine_tuned_served_as"] == "merged" else
                        "as a LoRA adapter on the base") for r in rows
-                    if r.get("fine_tuned_served_as")]],
+                    if r.get("fine_tuned_served_as")],
+                  *peak_processes(rows)],
         "rows": rows,
     }, command=shlex.join(["bench/demo_margin.py", *sys.argv[1:]]))
 

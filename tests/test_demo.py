@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from medray.demo.systems import DEMO_CALL_TIMEOUT_S
+
 SEED = 3
 REDUCED = [
     "synth.n_patients={train: 16, val: 2, test: 3, test_cross: 2}",
@@ -117,6 +119,9 @@ def test_reduced_demo_end_to_end(cli_run) -> None:
             assert run["run"]["fine_tuned"] is True
         if system == "zero_shot":
             assert {(p["model"], p["adapter"]) for p in preds} == {("demo-base", None)}
+        if system != "majority":  # a patient's call may queue long on a slow CPU
+            engine = json.loads((Path(row["run_dir"]) / "config.json").read_text())["engine"]
+            assert engine["kind"] == "serve" and engine["timeout_s"] == DEMO_CALL_TIMEOUT_S
         assert row["label"] in report
     margin = metrics["margin_in_domain_f1"]
     assert margin["value"] == pytest.approx(
@@ -135,6 +140,14 @@ def test_reduced_demo_end_to_end(cli_run) -> None:
     # Time and memory per stage, stage names in rows.
     assert "| pre-train the tiny base on train epicrises |" in report
     assert metrics["memory"]["peak_gib"]["processes"] > 0
+    # Which processes held it: the largest at each stage's peak, within that peak.
+    memory = metrics["memory"]
+    assert set(memory["top_by_stage"]) <= set(memory["by_stage_gib"])
+    for stage, top in memory["top_by_stage"].items():
+        sizes = [p["pss_gib"] for p in top]
+        assert 0 < len(top) <= 5 and sizes == sorted(sizes, reverse=True), (stage, top)
+        assert sum(sizes) <= memory["by_stage_gib"][stage]["processes"] + 0.03, (stage, top)
+    assert "Largest processes at the peak of '" in report
     # The numbers say which CPU kernels computed them.
     import torch
     machine = metrics["machine"]

@@ -16,6 +16,7 @@ from medray.demo import figures, findings
 from medray.demo.config import BASE_NAMES, DemoConfig
 from medray.demo.html import to_html
 from medray.demo.machine import describe_machine, machine_line
+from medray.demo.memory import largest_at_peak
 from medray.eval.report import load_run, to_markdown, write_report
 from medray.io import atomic_file, write_json_atomic, write_text_atomic
 
@@ -353,5 +354,16 @@ def _costs(timings: dict[str, float], memory: dict[str, Any] | None,
         to_markdown(table),
         (f"Peak memory: {peak['processes']:.2f} GiB (demo processes), {peak['system']:.2f} GiB "
          f"(system above start). {memory['how']}." if peak else ""), "",
+        *_largest(memory),
         machine_line(machine),
     ]
+
+
+def _largest(memory: dict[str, Any] | None) -> list[str]:
+    """Which processes held the memory at the highest stage peak."""
+    found = largest_at_peak(memory or {})
+    if found is None:
+        return []
+    stage, top = found
+    procs = ", ".join(f"{p['process']} {p['pss_gib']:.2f}" for p in top)
+    return [f"Largest processes at the peak of '{stage}' (GiB PSS): {procs}.", ""]

@@ -18,6 +18,11 @@ from medray.demo.config import BASE_NAMES, DemoConfig
 
 DEMO_APP = "medray-demo"  # Serve application names and route prefixes start with it
 DEMO_KEY_ENV = "MEDRAY_DEMO_KEY"  # the bearer key of the demo's Serve app (random per run)
+# How long one evaluation call to the demo's app may wait. A call carries a whole patient
+# (~27 prompts) and queues behind the other patients in flight; on a slow CPU that wait
+# passed the engine's 300 s default. The app answers only this evaluation, so a long wait
+# is a slow machine, not a lost request.
+DEMO_CALL_TIMEOUT_S = 1800.0
 
 
 def system_names(cfg: DemoConfig) -> dict[str, str]:
@@ -111,7 +116,7 @@ class SystemEvaluator:
             # HTTP proxy; the URL stays recorded and serves outside callers.
             engine = EngineSpec(kind="serve", url=endpoint["url"], app=endpoint["app"],
                                 api_key_env=DEMO_KEY_ENV, model=endpoint["model"],
-                                adapter=endpoint["adapter"])
+                                adapter=endpoint["adapter"], timeout_s=DEMO_CALL_TIMEOUT_S)
         e = self.cfg.eval
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeElapsedColumn(), console=self.console) as bar:
