@@ -160,7 +160,8 @@ def write_demo_results(rows: list[dict], need: float) -> None:
                     f"{spread([r['margin'] for r in rows])} F1 over the majority baseline "
                     f"on held-out patients{versus} (required: {need}) "
                     f"and {spread(cross)} cross-domain (seed{'s' if len(rows) > 1 else ''} "
-                    f"{seeds}), in {minutes(rows)} end to end",
+                    f"{seeds}), in {minutes(rows)} end to end, at most "
+                    f"{max(r['memory_gib']['processes'] for r in rows):.1f} GiB of memory",
         "tables": [{"title": "F1 (medqaro mode) with 95% patient-bootstrap CIs: in-domain "
                              f"test ({rows[0]['n_test']} questions of "
                              f"{rows[0]['n_test_patients']} patients) and cross-domain "
