@@ -37,7 +37,10 @@ def _label(proc: Any) -> str:
     except Exception:  # psutil's errors for a process that ended or hides its arguments
         argv = []
     if not argv:
-        return proc.name()
+        try:
+            return proc.name()
+        except Exception:  # it ended since its PSS was read
+            return f"pid {proc.pid}"
     head = argv[0].split(" ")[0] if argv[0].startswith("ray::") else argv[0].rsplit("/", 1)[-1]
     if head.startswith("python") and len(argv) > 1 and "-c" not in argv:  # its script or module
         rest = [a for a in argv[1:] if not a.startswith("-")]
@@ -46,17 +49,19 @@ def _label(proc: Any) -> str:
 
 
 def _tree_pss() -> tuple[int, list[tuple[str, int]]]:
-    """The summed PSS of this process and its descendants, and each one's (label, PSS)."""
+    """The summed PSS of this process and its descendants, and the largest ones' (label,
+    PSS): only those are labelled, since reading a command line is a /proc read too."""
     import psutil
 
     me = psutil.Process()
     each = []
     for proc in [me, *me.children(recursive=True)]:
         try:
-            each.append((_label(proc), proc.memory_full_info().pss))
+            each.append((proc, proc.memory_full_info().pss))
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
             continue  # a process that ended between listing and reading
-    return sum(p for _, p in each), sorted(each, key=lambda x: -x[1])[:TOP_N]
+    top = sorted(each, key=lambda x: -x[1])[:TOP_N]
+    return sum(p for _, p in each), [(_label(proc), pss) for proc, pss in top]
 
 
 def _system_used() -> int:
