@@ -134,7 +134,10 @@ def test_cancelled_run_resumes_without_rerequesting(serve_app, medqaro_prepared,
                                                 "reasked", "actors_replaced")} == \
         {"selected": 30, "resumed": 12, "requested": 18, "written": 18, "reasked": 0,
          "actors_replaced": 0}
-    assert len(summary["requests"]["actors"]) == 2  # where each actor ran
+    # Where each started actor ran. The resumed 18 items are a few patients, one request
+    # each: the first actor up may answer them all before the second has started.
+    actors = summary["requests"]["actors"]
+    assert len(actors) in (1, 2) and all(a["node_id"] and a["node_ip"] for a in actors)
     rows = _rows(out / "predictions.jsonl")
     assert len(rows) == 30 and len({r["id"] for r in rows}) == 30
     assert [r["id"] for r in rows[:12]] == [r["id"] for r in first]
