@@ -16,7 +16,10 @@ outstanding across its actors (the serve engine: one patient's questions per req
 /v1/qa/batch); its items/s runs from the first request (the engines started: run_eval's
 on_start) to the last prediction written, over every item, so engine start-up and scoring
 are left out and shown apart as "start s". Default model: the tiny random Llama, so the
-numbers are the path's overhead, not answer quality. Ratios are against the in-process row; the 0.8x
+numbers are the path's overhead, not answer quality; --model smollm2 (SmolLM2-135M-Instruct,
+imported by `medray model smollm2`, its chat template applied) shows the same paths where the
+model's own compute is most of an item's cost, as in a user's run (results:
+eval_throughput_smollm2.json). Ratios are against the in-process row; the 0.8x
 target for the in-cluster path is judged against in-process vLLM given every prompt in one
 call, since the serve path hands vLLM whole patients with several in flight.
 
@@ -135,11 +138,15 @@ def _through_eval(data: Path, engine: dict, out: Path, *, split: str, items: int
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="model path (default: build the tiny model)")
+    ap.add_argument("--model", default=None,
+                    help="model path, or smollm2 (default: build the tiny model)")
     ap.add_argument("--split", default="test", help="synthetic MedQARo split (train: 656 items)")
     ap.add_argument("--items", type=int, default=64)
     ap.add_argument("--in-flight", type=int, default=8)
     ap.add_argument("--context-tokens", type=int, default=256)
+    ap.add_argument("--replica-cpus", type=float, default=float(os.cpu_count() or 1),
+                    help="CPUs (torch threads) of the LLM replica (default: every core, as "
+                         "the in-process rows use)")
     ap.add_argument("--work", default=None, help="folder for data/model/runs (default: temp)")
     args = ap.parse_args()
 
@@ -154,7 +161,14 @@ def main() -> None:
     from medray.serve.config import AppConfig
 
     work = Path(args.work or tempfile.mkdtemp(prefix="medray-bench-"))
+    real = args.model == "smollm2"
+    if real:
+        from _lm_eval_task import smollm2_checkpoint
+
+        args.model = smollm2_checkpoint(None, work / "smollm2")
     data_dir, model = prepared_and_model(work, args.model)
+    model_text = ("SmolLM2-135M-Instruct (the model's compute included)" if real
+                  else "the tiny model (the path's own overhead)")
     data = load_prepared(data_dir)
     test = data.split(args.split).head(args.items)
     tok = load_tokenizer(model)
@@ -183,7 +197,8 @@ def main() -> None:
         port = s.getsockname()[1]
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     app = AppConfig(model=model, device="cpu", max_model_len=max_len, prompt=spec,
-                    api_keys_env="MEDRAY_BENCH_KEYS", llm={"num_replicas": 1, "num_cpus": 1})
+                    api_keys_env="MEDRAY_BENCH_KEYS",
+                    llm={"num_replicas": 1, "num_cpus": args.replica_cpus})
     serve.run(build_app(app), name="medray", route_prefix="/")
     serve_engines = {"HTTP": {"kind": "serve", "url": f"http://127.0.0.1:{port}"},
                      "handle": {"kind": "serve", "app": "medray"}}
@@ -227,12 +242,12 @@ def main() -> None:
           f"vLLM, HTTP {t / base:.2f}x (handle / HTTP {h / t:.2f}x); against in-process in "
           f"one call: handle {h / whole:.2f}x, HTTP {t / whole:.2f}x\n"
           + _handle_note(handle[1], http[1], rows[1][1]))
-    write_results("eval_throughput", {
+    write_results("eval_throughput_smollm2" if real else "eval_throughput", {
         "headline": f"`medray eval` through Serve in-cluster ({handle[0]}) answers "
                     f"{h:.0f} items/s, {h / base:.2f}x in-process vLLM on batches of "
                     f"{args.in_flight} ({t / base:.2f}x over HTTP) and {h / whole:.2f}x "
                     f"in-process vLLM given every prompt in one call ({t / whole:.2f}x over "
-                    "HTTP), with the tiny model (the path's own overhead)",
+                    f"HTTP), with {model_text}",
         "tables": [{"title": f"{len(prompts)} {args.split} items, Q+E+A trimmed to "
                              f"{args.context_tokens} "
                              f"tokens, greedy 10 new tokens, {args.in_flight} in flight",

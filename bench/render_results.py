@@ -32,7 +32,8 @@ END = "<!-- end of generated results -->"
 REQUIRED = ("bench", "command", "commit", "date", "machine", "results")
 # Sections in reading order: what a user runs first, then the parts' own costs.
 ORDER = ("demo", "demo_smollm2", "mcq_finetune", "mcq_finetune_smollm2", "score_speed",
-         "prepare_scale", "train_throughput", "prefix_reuse", "eval_throughput", "cpu_threads",
+         "prepare_scale", "train_throughput", "prefix_reuse", "eval_throughput",
+         "eval_throughput_smollm2", "cpu_threads",
          "train_peer", "eval_peer", "lm_eval_parity", "serve_load", "serve_memory",
          "gpu_check")
 TITLES = {"demo": "The demo", "demo_smollm2": "The demo on a real model (SmolLM2)",
@@ -40,7 +41,9 @@ TITLES = {"demo": "The demo", "demo_smollm2": "The demo on a real model (SmolLM2
           "mcq_finetune_smollm2": "Multiple-choice fine-tuning on a real model (SmolLM2)",
           "score_speed": "Scoring speed", "prepare_scale": "Data preparation at scale",
           "train_throughput": "Training input", "prefix_reuse": "Prefix reuse",
-          "eval_throughput": "Evaluation path", "cpu_threads": "A real model on CPU threads",
+          "eval_throughput": "Evaluation path",
+          "eval_throughput_smollm2": "Evaluation path on a real model (SmolLM2)",
+          "cpu_threads": "A real model on CPU threads",
           "lm_eval_parity": "Option log-likelihood vs lm-evaluation-harness",
           "train_peer": "Training vs the reference recipe (Trainer + PEFT)",
           "eval_peer": "Evaluation vs lm-evaluation-harness (vLLM)",
