@@ -274,6 +274,8 @@ def _handle_note(handle: dict, http: dict, whole: dict) -> str:
     whole patients, many in flight, so the batches-of-N row would flatter it."""
     cpu, was = handle["cpu_per_item_ms"], http["cpu_per_item_ms"]
     ratio = handle["items/s"] / whole["items/s"]
+    cores = os.cpu_count() or 1
+    ceiling = 1000 * cores / sum(cpu.values())  # items/s if every core were busy
     return (f"in-cluster (handle) path at {ratio:.2f}x in-process vLLM given every prompt "
             f"in one call ({'meets' if ratio >= 0.8 else 'misses'} the 0.8x target): it "
             f"drops Serve's HTTP proxy ({was.get('Serve proxy', 0.0):.1f} CPU ms per item "
@@ -283,7 +285,9 @@ def _handle_note(handle: dict, http: dict, whole: dict) -> str:
             f"{cpu.get('LLM replica', 0.0):.1f} ms (the model included), "
             f"{sum(cpu.values()):.1f} ms in all against "
             f"{sum(whole['cpu_per_item_ms'].values()):.1f} ms in-process in one call "
-            "(pre-tokenised prompts)")
+            f"(pre-tokenised prompts); at that CPU cost {cores} cores answer at most "
+            f"{ceiling:.0f} items/s ({ceiling / whole['items/s']:.2f}x the one call) even "
+            "with no core idle")
 
 
 if __name__ == "__main__":
