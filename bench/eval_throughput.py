@@ -286,7 +286,7 @@ def _handle_note(handle: dict, http: dict, whole: dict) -> str:
             f"{sum(cpu.values()):.1f} ms in all against "
             f"{sum(whole['cpu_per_item_ms'].values()):.1f} ms in-process in one call "
             f"(pre-tokenised prompts); at that CPU cost {cores} cores answer at most "
-            f"{ceiling:.0f} items/s ({ceiling / whole['items/s']:.2f}x the one call) even "
+            f"{ceiling:.3g} items/s ({ceiling / whole['items/s']:.2f}x the one call) even "
             "with no core idle")
 
 
