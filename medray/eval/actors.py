@@ -181,9 +181,11 @@ def run_pool(plan: Any, pending: list[dict], write: Callable[[dict], None], *,
                         placements.append(ray.get(ref))
                         started[i] = True
                     except RayActorError as exc:
-                        if not replacing:  # the engine cannot start: the run's error
-                            raise
-                        replace(i, exc)  # placed on a node that was dying
+                        if not replacing and not any(started):
+                            raise  # no actor could start: the engine's error, the run's
+                        # a lost process or node: another actor started, or this one
+                        # replaced an actor that did
+                        replace(i, exc)
                     continue
                 i, actor, unit = in_flight.pop(ref)
                 load[i] -= 1
