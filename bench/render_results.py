@@ -34,7 +34,7 @@ REQUIRED = ("bench", "command", "commit", "date", "machine", "results")
 ORDER = ("demo", "demo_smollm2", "mcq_finetune", "mcq_finetune_smollm2", "score_speed",
          "prepare_scale", "train_throughput", "prefix_reuse", "eval_throughput",
          "eval_throughput_smollm2", "cpu_threads",
-         "train_peer", "eval_peer", "lm_eval_parity", "serve_load", "serve_memory",
+         "train_peer", "eval_peer", "lm_eval_parity", "serve_routing", "serve_load", "serve_memory",
          "gpu_check")
 TITLES = {"demo": "The demo", "demo_smollm2": "The demo on a real model (SmolLM2)",
           "mcq_finetune": "Multiple-choice fine-tuning",
@@ -47,6 +47,7 @@ TITLES = {"demo": "The demo", "demo_smollm2": "The demo on a real model (SmolLM2
           "lm_eval_parity": "Option log-likelihood vs lm-evaluation-harness",
           "train_peer": "Training vs the reference recipe (Trainer + PEFT)",
           "eval_peer": "Evaluation vs lm-evaluation-harness (vLLM)",
+          "serve_routing": "Prefix-aware routing across replicas",
           "serve_load": "Serving load",
           "serve_memory": "Serving memory",
           "gpu_check": "GPU training step"}
